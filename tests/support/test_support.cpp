@@ -1,0 +1,66 @@
+#include "support/test_support.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace expertd::testing {
+
+TempDir::TempDir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "expertd-test-XXXXXX").string();
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    ADD_FAILURE() << "mkdtemp failed for " << pattern;
+  }
+  path_ = pattern;
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+std::string SharedDataDir() {
+  const std::string configured = EXPERTD_TEST_DATA_DIR;
+  if (!configured.empty() && std::filesystem::is_directory(configured)) return configured;
+  return "";
+}
+
+void WriteFile(const std::string& path, std::string_view content) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(content.data(), static_cast<std::streamsize>(content.size()));
+  if (!out) ADD_FAILURE() << "cannot write " << path;
+}
+
+std::string ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+::testing::AssertionResult IsError(const absl::Status& status, absl::StatusCode code,
+                                   ErrorKind kind,
+                                   std::initializer_list<std::string_view> needles) {
+  if (status.ok()) return ::testing::AssertionFailure() << "expected an error, got OK";
+  if (status.code() != code) {
+    return ::testing::AssertionFailure()
+           << "code " << absl::StatusCodeToString(status.code()) << ", expected "
+           << absl::StatusCodeToString(code) << ": " << status;
+  }
+  const std::optional<ErrorKind> got = ErrorKindOf(status);
+  if (got != kind) {
+    return ::testing::AssertionFailure()
+           << "kind " << (got ? ErrorKindName(*got) : "none") << ", expected "
+           << ErrorKindName(kind) << ": " << status;
+  }
+  for (std::string_view needle : needles) {
+    if (status.message().find(needle) == std::string_view::npos) {
+      return ::testing::AssertionFailure()
+             << "message does not mention '" << needle << "': " << status.message();
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace expertd::testing
