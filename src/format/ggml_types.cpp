@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "util/checked.h"
+#include "util/status.h"
 
 namespace expertd {
 namespace {
@@ -42,7 +43,7 @@ std::optional<GgmlType> FindGgmlType(uint32_t id) {
 
 std::optional<GgmlType> FindGgmlTypeByName(std::string_view name) {
   for (const GgmlType& t : kTypes) {
-    if (absl::EqualsIgnoreCase(t.name, name)) return t;
+    if (absl::EqualsIgnoreCase(AV(t.name), AV(name))) return t;
   }
   return std::nullopt;
 }

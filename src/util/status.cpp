@@ -22,13 +22,13 @@ std::string_view ErrorKindName(ErrorKind kind) {
 }
 
 absl::Status MakeError(absl::StatusCode code, ErrorKind kind, std::string_view message) {
-  absl::Status status(code, message);
-  status.SetPayload(kKindUrl, absl::Cord(ErrorKindName(kind)));
+  absl::Status status(code, AV(message));
+  status.SetPayload(AV(kKindUrl), absl::Cord(AV(ErrorKindName(kind))));
   return status;
 }
 
 std::optional<ErrorKind> ErrorKindOf(const absl::Status& status) {
-  const std::optional<absl::Cord> payload = status.GetPayload(kKindUrl);
+  const absl::optional<absl::Cord> payload = status.GetPayload(AV(kKindUrl));
   if (!payload) return std::nullopt;
   const std::string name(*payload);
   for (size_t i = 0; i < std::size(kNames); ++i) {
@@ -40,7 +40,7 @@ std::optional<ErrorKind> ErrorKindOf(const absl::Status& status) {
 absl::Status ErrnoError(ErrorKind kind, std::string_view what, int err) {
   const absl::StatusCode code =
       err == ENOENT ? absl::StatusCode::kNotFound : absl::StatusCode::kUnavailable;
-  return MakeError(code, kind, absl::StrCat(what, ": ", std::strerror(err)));
+  return MakeError(code, kind, absl::StrCat(AV(what), ": ", std::strerror(err)));
 }
 
 }  // namespace expertd

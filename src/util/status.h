@@ -12,6 +12,10 @@
 
 namespace expertd {
 
+// Debian's Abseil is built with its own absl::string_view (ABSL_OPTION_USE_STD_STRING_VIEW 0), so
+// std::string_view does not convert implicitly; pass views to absl::StrCat through this.
+inline absl::string_view AV(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
 // Why a file or request was rejected. Attached to an absl::Status as a payload; the status code
 // stays the coarse gRPC-style class (InvalidArgument, DataLoss, NotFound, OutOfRange).
 enum class ErrorKind {

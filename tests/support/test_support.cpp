@@ -55,7 +55,7 @@ std::string ReadWholeFile(const std::string& path) {
            << ErrorKindName(kind) << ": " << status;
   }
   for (std::string_view needle : needles) {
-    if (status.message().find(needle) == std::string_view::npos) {
+    if (std::string(status.message()).find(needle) == std::string::npos) {
       return ::testing::AssertionFailure()
              << "message does not mention '" << needle << "': " << status.message();
     }
