@@ -1,0 +1,16 @@
+// expertctl subcommands. Each Add*Command registers its subcommand on `app`; when it runs, it
+// stores its process exit code in `*exit_code` (0 success, 1 the checked thing failed, 2 an
+// error that stopped the command).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace expertd::ctl {
+
+void AddInspectCommand(CLI::App& app, int* exit_code);
+void AddSynthCommand(CLI::App& app, int* exit_code);
+void AddIndexCommands(CLI::App& app, int* exit_code);
+// Registers `verify` under the `index` subcommand (called by AddIndexCommands).
+void AddIndexVerifyCommand(CLI::App& index, int* exit_code);
+
+}  // namespace expertd::ctl
