@@ -36,7 +36,7 @@ double Progress::seconds() const {
 
 void Progress::Update(uint64_t done_bytes) {
   done_ = done_bytes;
-  if (quiet_) return;
+  if (quiet_ || done_bytes >= total_) return;  // the final line is Finish()'s
   const auto now = std::chrono::steady_clock::now();
   const int decile = total_ == 0 ? 10 : static_cast<int>(done_bytes * 10 / total_);
   if (tty_) {
