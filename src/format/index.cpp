@@ -363,18 +363,7 @@ absl::Status IndexParser::CheckPacks(Parsed* out) const {
 
 absl::StatusOr<ExpertIndex> ExpertIndex::Read(const std::string& path,
                                               const IndexOptions& options) {
-  absl::StatusOr<ReadFile> file = ReadFile::Open(path);
-  if (!file.ok()) {
-    return MakeError(file.status().code(), ErrorKind::kMissingFile,
-                     absl::StrCat(path, ": cannot read the index: ", file.status().message()));
-  }
-  std::string text(file->size(), '\0');
-  const absl::Status read =
-      file->ReadAt(0, std::span<uint8_t>(reinterpret_cast<uint8_t*>(text.data()), text.size()));
-  if (!read.ok()) {
-    return MakeError(read.code(), ErrorKindOf(read).value_or(ErrorKind::kIo),
-                     absl::StrCat(path, ": cannot read the index: ", read.message()));
-  }
+  ASSIGN_OR_RETURN(const std::string text, ReadTextFile(path, "the index"));
   return Parse(text, path, options);
 }
 

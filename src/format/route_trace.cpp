@@ -159,19 +159,7 @@ absl::StatusOr<std::vector<RouteRecord>> ParseRouteTrace(std::string_view text,
 }
 
 absl::StatusOr<std::vector<RouteRecord>> ReadRouteTrace(const std::string& path) {
-  absl::StatusOr<ReadFile> file = ReadFile::Open(path);
-  if (!file.ok()) {
-    return MakeError(
-        file.status().code(), ErrorKind::kMissingFile,
-        absl::StrCat(path, ": cannot read the route trace: ", file.status().message()));
-  }
-  std::string text(file->size(), '\0');
-  const absl::Status read =
-      file->ReadAt(0, std::span<uint8_t>(reinterpret_cast<uint8_t*>(text.data()), text.size()));
-  if (!read.ok()) {
-    return MakeError(read.code(), ErrorKindOf(read).value_or(ErrorKind::kIo),
-                     absl::StrCat(path, ": cannot read the route trace: ", read.message()));
-  }
+  ASSIGN_OR_RETURN(const std::string text, ReadTextFile(path, "the route trace"));
   return ParseRouteTrace(text, path);
 }
 

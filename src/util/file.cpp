@@ -125,6 +125,22 @@ absl::Status WriteFile::Close() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ReadTextFile(const std::string& path, std::string_view what) {
+  absl::StatusOr<ReadFile> file = ReadFile::Open(path);
+  if (!file.ok()) {
+    return MakeError(file.status().code(), ErrorKind::kMissingFile,
+                     absl::StrCat(path, ": cannot read ", AV(what), ": ", file.status().message()));
+  }
+  std::string text(file->size(), '\0');
+  const absl::Status read =
+      file->ReadAt(0, std::span<uint8_t>(reinterpret_cast<uint8_t*>(text.data()), text.size()));
+  if (!read.ok()) {
+    return MakeError(read.code(), ErrorKindOf(read).value_or(ErrorKind::kIo),
+                     absl::StrCat(path, ": cannot read ", AV(what), ": ", read.message()));
+  }
+  return text;
+}
+
 absl::Status WriteTextFileAtomic(const std::string& path, std::string_view text) {
   const std::string tmp = path + ".tmp";
   {

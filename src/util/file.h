@@ -61,6 +61,10 @@ class WriteFile {
   uint64_t written_ = 0;
 };
 
+// Reads a whole (text) file. Errors name the path and `what` ("the index", "the route trace"):
+// a file that cannot be opened is kMissingFile with its open error's code.
+absl::StatusOr<std::string> ReadTextFile(const std::string& path, std::string_view what);
+
 // Writes `text` to `path` atomically (temporary file + rename).
 absl::Status WriteTextFileAtomic(const std::string& path, std::string_view text);
 
