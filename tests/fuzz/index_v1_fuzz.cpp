@@ -43,7 +43,7 @@ void CheckV1(const expertd::ExpertIndex& index) {
 }
 
 void CheckV2(const expertd::ExpertIndex& index) {
-  Check(!index.packs().empty() && !index.rows().empty() && index.v1_rows().empty());
+  Check(!index.packs().empty() && index.v1_rows().empty());
   for (const expertd::IndexRow& row : index.rows()) {
     Check(row.pack < index.packs().size() && row.bytes > 0);
     Check(expertd::CheckedAdd(row.offset, row.bytes).has_value());
