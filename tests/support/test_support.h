@@ -26,7 +26,7 @@ class TempDir {
   std::string path_;
 };
 
-// The folder of real GGUF files and traces (DESIGN.md §9), or "" when it is absent.
+// tests/data: the real GGUF files and routing traces, or "" when it is absent.
 std::string SharedDataDir();
 
 void WriteFile(const std::string& path, std::string_view content);

@@ -122,7 +122,7 @@ TEST(RouteTraceTest, MissingFile) {
 class RouteTraceMixtralTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (SharedDataDir().empty()) GTEST_SKIP() << "no test data folder";
+    ASSERT_FALSE(SharedDataDir().empty()) << "tests/data is missing";
     dir_ = SharedDataDir() + "/traces/mixtral-8x7b/";
   }
 
