@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -315,6 +316,70 @@ TEST(GgufErrors, EveryPrefixOfAValidFileFails) {
                 kind == ErrorKind::kOutOfBounds)
         << st;
   }
+}
+
+// A DeepSeek-V3-shaped model (58 MoE layers of 256 Q4_K/Q6_K experts, ~396 GiB of tensor data,
+// a 129,280-token vocabulary) served by a source that counts what is read: parsing must read the
+// header and nothing of the data section.
+class CountingSource final : public ByteSource {
+ public:
+  CountingSource(std::vector<uint8_t> header, uint64_t size)
+      : header_(std::move(header)), size_(size) {}
+  uint64_t size() const override { return size_; }
+  absl::Status ReadAt(uint64_t offset, std::span<uint8_t> out) const override {
+    bytes_read_ += out.size();
+    max_end_ = std::max<uint64_t>(max_end_, offset + out.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i] = offset + i < header_.size() ? header_[offset + i] : 0;
+    }
+    return absl::OkStatus();
+  }
+  uint64_t bytes_read() const { return bytes_read_; }
+  uint64_t max_end() const { return max_end_; }
+
+ private:
+  std::vector<uint8_t> header_;
+  uint64_t size_;
+  mutable uint64_t bytes_read_ = 0;
+  mutable uint64_t max_end_ = 0;
+};
+
+TEST(GgufBounded, HugeModelReadsOnlyItsHeader) {
+  constexpr int kLayers = 58;
+  constexpr uint64_t kEmbd = 7168, kFf = 2048, kExperts = 256, kVocab = 129280;
+  const uint64_t gate_bytes = kEmbd / 256 * 144 * kFf * kExperts;  // q4_K
+  const uint64_t down_bytes = kFf / 256 * 210 * kEmbd * kExperts;  // q6_K
+  Image img;
+  img.Header(3 * kLayers, 2).KvStr("general.architecture", "deepseek2");
+  img.Str("tokenizer.ggml.tokens").U32(9).U32(8).U64(kVocab);
+  for (uint64_t i = 0; i < kVocab; ++i) img.Str("tok" + std::to_string(i));
+  uint64_t offset = 0;
+  for (int l = 0; l < kLayers; ++l) {
+    const std::string b = "blk." + std::to_string(l + 3) + ".";
+    img.Tensor(b + "ffn_gate_exps.weight", {int64_t{kEmbd}, int64_t{kFf}, int64_t{kExperts}}, 12,
+               offset);
+    offset += gate_bytes;  // multiples of 32 already
+    img.Tensor(b + "ffn_up_exps.weight", {int64_t{kEmbd}, int64_t{kFf}, int64_t{kExperts}}, 12,
+               offset);
+    offset += gate_bytes;
+    img.Tensor(b + "ffn_down_exps.weight", {int64_t{kFf}, int64_t{kEmbd}, int64_t{kExperts}}, 14,
+               offset);
+    offset += down_bytes;
+  }
+  img.PadTo(32);
+  const uint64_t header = img.size();
+  const uint64_t total = header + offset;
+  ASSERT_GT(total, uint64_t{390} << 30);
+  const CountingSource source(img.bytes(), total);
+  const auto f = GgufFile::Parse(source, "deepseek.gguf");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->tensors().size(), 3u * kLayers);
+  EXPECT_EQ(f->data_offset(), header);
+  EXPECT_EQ(f->tensors().back().file_offset + f->tensors().back().nbytes, total);
+  EXPECT_EQ(f->FindKv("tokenizer.ggml.tokens")->array.count, kVocab);
+  // At most one buffer (1 MiB) past the header is fetched, and never the data itself.
+  EXPECT_LE(source.max_end(), header + (1 << 20));
+  EXPECT_LE(source.bytes_read(), header + (1 << 20));
 }
 
 }  // namespace
