@@ -121,8 +121,15 @@ void PrintHuman(const GgufModel& model, const ModelCatalog& c) {
               static_cast<unsigned long long>(c.max_bundle_bytes()),
               HumanBytes(c.expert_bytes_total()).c_str());
   for (const SlotClass& sc : c.slot_classes()) {
+    // Runs of consecutive blocks as "a-b": DeepSeek has 58 MoE layers in one class.
     std::ostringstream layers;
-    for (size_t i = 0; i < sc.layers.size(); ++i) layers << (i ? "," : "") << sc.layers[i];
+    for (size_t i = 0; i < sc.layers.size();) {
+      size_t j = i;
+      while (j + 1 < sc.layers.size() && sc.layers[j + 1] == sc.layers[j] + 1) ++j;
+      layers << (i ? "," : "") << sc.layers[i];
+      if (j > i) layers << "-" << sc.layers[j];
+      i = j + 1;
+    }
     std::printf("  slot class %u: bundle %llu B, layers %s\n", sc.id,
                 static_cast<unsigned long long>(sc.bundle_bytes), layers.str().c_str());
     for (const Projection& p : c.FindLayer(sc.layers.front())->projections) {

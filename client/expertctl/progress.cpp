@@ -41,8 +41,9 @@ void Progress::Update(uint64_t done_bytes) {
   const int decile = total_ == 0 ? 10 : static_cast<int>(done_bytes * 10 / total_);
   if (tty_) {
     if (now - last_draw_ < std::chrono::milliseconds(100)) return;
-  } else if (decile == last_decile_ && now - last_draw_ < std::chrono::seconds(5)) {
-    return;
+  } else if (now - start_ < std::chrono::seconds(2) ||
+             (decile == last_decile_ && now - last_draw_ < std::chrono::seconds(5))) {
+    return;  // short work gets only its final line in logs
   }
   last_decile_ = decile;
   last_draw_ = now;

@@ -1,5 +1,5 @@
 // Progress output for long copies: a redrawn bar with bytes and rate on a terminal, plain lines
-// (every 10% or 5 s) otherwise, so logs stay readable. Writes to stderr; `quiet` silences it.
+// (every 10% or 5 s, after the first 2 s) otherwise, so logs stay readable. Writes to stderr; `quiet` silences it.
 #pragma once
 
 #include <chrono>

@@ -96,6 +96,20 @@ rc=0; "$ctl" index verify "$work/bad.idx" --gguf "$model" --quiet > "$work/trunc
 [ "$rc" = 1 ] || fail "truncated pack: exit $rc, expected 1"
 grep -q "lies outside" "$work/trunc.out" || fail "truncated pack: no bounds failure"
 
+# A split model: any shard shows the whole model, and the index tools take shards.
+"$ctl" synth --preset "$preset" --out "$work/s" --seed 11 --split 3 --quiet >/dev/null
+shard() { printf '%s/s/model-%05d-of-00003.gguf' "$work" "$1"; }
+for k in 1 2 3; do
+  n=$("$ctl" inspect "$(shard $k)" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['tensor_count'])")
+  want=$(python3 -c "import json; print(json.load(open('$work/inspect.json'))['tensor_count'])")
+  [ "$n" = "$want" ] || fail "shard $k shows $n tensors, the model has $want"
+done
+"$ctl" index build --gguf "$(shard 3)" --out "$work/split.idx" --q-pack "$work/split.qpack" \
+  --placement all --bundle --quiet > /dev/null
+"$ctl" index verify "$work/split.idx" --gguf "$(shard 1)" --gguf "$(shard 2)" --content --quiet \
+  > "$work/split.out" || { cat "$work/split.out"; fail "verify of the split model"; }
+cmp -s "$work/split.qpack" "$work/q-all--bundle.qpack" || fail "split and single-file Q packs differ"
+
 # The origin's v1 format for the parity layout.
 "$ctl" index build --gguf "$model" --out "$work/v1.idx" --q-pack "$work/v1.qpack" \
   --placement parity --format v1 --quiet > /dev/null
