@@ -149,7 +149,11 @@ absl::StatusOr<ModelCatalog> ModelCatalog::Build(const GgufModel& model,
                                                   want_dims));
       }
       RETURN_IF_ERROR(check_count(*t, info.ne[want_dims - 1]));
-      Projection p{.kind = kind, .tensor = info.name, .type = info.type, .ne0 = info.ne[0]};
+      Projection p;
+      p.kind = kind;
+      p.tensor = info.name;
+      p.type = info.type;
+      p.ne0 = info.ne[0];
       p.ne1 = IsBias(kind) ? 1 : info.ne[1];
       p.expert_bytes = info.nb(want_dims - 1);
       p.shard = t->shard;
@@ -159,8 +163,12 @@ absl::StatusOr<ModelCatalog> ModelCatalog::Build(const GgufModel& model,
     for (const auto& [kind, experts] : lt.legacy) {
       const ModelTensor& first = *experts.begin()->second;
       RETURN_IF_ERROR(check_count(first, experts.rbegin()->first + 1));
-      Projection p{.kind = kind, .tensor = StackedName(block, kind), .type = first.info->type,
-                   .ne0 = first.info->ne[0], .ne1 = first.info->ne[1]};
+      Projection p;
+      p.kind = kind;
+      p.tensor = StackedName(block, kind);
+      p.type = first.info->type;
+      p.ne0 = first.info->ne[0];
+      p.ne1 = first.info->ne[1];
       p.expert_bytes = first.info->nbytes;
       uint32_t expect = 0;
       for (const auto& [e, t] : experts) {

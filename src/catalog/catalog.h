@@ -37,7 +37,7 @@ std::string_view ProjectionKindName(ProjectionKind kind);  // "gate", "up", ...,
 inline constexpr uint64_t kBundleAlignment = 256;
 
 struct Projection {
-  ProjectionKind kind;
+  ProjectionKind kind = ProjectionKind::kGate;
   // The stacked tensor name, used by index files: "blk.N.ffn_gate_exps.weight" — also for legacy
   // per-expert files, whose experts engines load into a stacked tensor of that name.
   std::string tensor;

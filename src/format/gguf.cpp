@@ -16,10 +16,10 @@ namespace {
 constexpr uint32_t kMaxDims = 4;
 constexpr uint64_t kMaxTensorName = 63;          // ggml: GGML_MAX_NAME (64) incl. the NUL
 constexpr uint64_t kMaxKeyBytes = 64 * 1024;     // far above any real key
-constexpr uint64_t kMaxStringBytes = 16 << 20;   // chat templates are ~100 KB; bound memory
+constexpr uint64_t kMaxStringBytes = uint64_t{16} << 20;   // chat templates are ~100 KB; bound memory
 constexpr uint64_t kMinKvBytes = 8 + 4 + 1;      // empty key, type, one-byte value
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 4 + 8;  // empty name, n_dims 0, type, offset
-constexpr uint64_t kBufferBytes = 1 << 20;
+constexpr uint64_t kBufferBytes = uint64_t{1} << 20;
 
 uint64_t FixedSize(GgufType t) {
   switch (t) {

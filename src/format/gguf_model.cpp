@@ -63,12 +63,10 @@ absl::StatusOr<GgufModel> GgufModel::Open(const std::string& path) {
     model.shards_.push_back(std::move(first));
   } else {
     model.shards_.resize(count);
+    model.shards_[index] = std::move(first);
     for (uint32_t k = 0; k < count; ++k) {
       const std::string shard_path = SplitShardPath(prefix, k, count);
-      GgufFile shard;
-      if (k == index) {
-        shard = std::move(first);
-      } else {
+      if (k != index) {
         absl::StatusOr<GgufFile> read = GgufFile::Read(shard_path);
         if (!read.ok()) {
           if (read.status().code() == absl::StatusCode::kNotFound) {
@@ -78,8 +76,9 @@ absl::StatusOr<GgufModel> GgufModel::Open(const std::string& path) {
           }
           return read.status();
         }
-        shard = *std::move(read);
+        model.shards_[k] = *std::move(read);
       }
+      const GgufFile& shard = model.shards_[k];
       const std::optional<uint64_t> no = shard.GetUint(kSplitNo);
       const std::optional<uint64_t> n = shard.GetUint(kSplitCount);
       if (count > 1 && (no != k || n != count)) {
@@ -87,7 +86,6 @@ absl::StatusOr<GgufModel> GgufModel::Open(const std::string& path) {
             shard_path, ": split.no/split.count are ", no ? absl::StrCat(*no) : "absent", "/",
             n ? absl::StrCat(*n) : "absent", ", the name says ", k, "/", count));
       }
-      model.shards_[k] = std::move(shard);
     }
   }
   for (uint32_t s = 0; s < model.shards_.size(); ++s) {

@@ -72,6 +72,7 @@ absl::Status ErrnoError(ErrorKind kind, std::string_view what, int err);
 // `ASSIGN_OR_RETURN(auto x, F())`: evaluates F(), returns its error or binds its value.
 #define ASSIGN_OR_RETURN(lhs, expr) \
   ASSIGN_OR_RETURN_IMPL(EXPERTD_CONCAT(_status_or_, __LINE__), lhs, expr)
+// NOLINTNEXTLINE(bugprone-macro-parentheses): `lhs` is a declaration and cannot be parenthesized.
 #define ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                          \
   if (!tmp.ok()) return tmp.status();         \

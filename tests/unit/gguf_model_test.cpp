@@ -39,10 +39,18 @@ absl::Status Zeros(size_t, uint64_t, std::span<uint8_t> out) {
 void WriteShard(const std::string& path, int no, int count, int total_tensors, bool with_tensor,
                 int k) {
   GgufWriter w;
-  if (no >= 0) ASSERT_TRUE(w.AddKv("split.no", uint16_t(no)).ok());
-  if (count >= 0) ASSERT_TRUE(w.AddKv("split.count", uint16_t(count)).ok());
-  if (total_tensors >= 0) ASSERT_TRUE(w.AddKv("split.tensors.count", int32_t(total_tensors)).ok());
-  if (with_tensor) ASSERT_TRUE(w.AddTensor("t" + std::to_string(k), ggml::kF32, {8}).ok());
+  if (no >= 0) {
+    ASSERT_TRUE(w.AddKv("split.no", uint16_t(no)).ok());
+  }
+  if (count >= 0) {
+    ASSERT_TRUE(w.AddKv("split.count", uint16_t(count)).ok());
+  }
+  if (total_tensors >= 0) {
+    ASSERT_TRUE(w.AddKv("split.tensors.count", int32_t(total_tensors)).ok());
+  }
+  if (with_tensor) {
+    ASSERT_TRUE(w.AddTensor("t" + std::to_string(k), ggml::kF32, {8}).ok());
+  }
   ASSERT_TRUE(w.Write(path, Zeros).ok());
 }
 
