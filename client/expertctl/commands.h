@@ -12,5 +12,7 @@ void AddSynthCommand(CLI::App& app, int* exit_code);
 void AddIndexCommands(CLI::App& app, int* exit_code);
 // Registers `verify` under the `index` subcommand (called by AddIndexCommands).
 void AddIndexVerifyCommand(CLI::App& index, int* exit_code);
+void AddReplayCommand(CLI::App& app, int* exit_code);
+void AddTraceCommands(CLI::App& app, int* exit_code);
 
 }  // namespace expertd::ctl

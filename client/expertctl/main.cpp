@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   expertd::ctl::AddInspectCommand(app, &exit_code);
   expertd::ctl::AddSynthCommand(app, &exit_code);
   expertd::ctl::AddIndexCommands(app, &exit_code);
+  expertd::ctl::AddReplayCommand(app, &exit_code);
+  expertd::ctl::AddTraceCommands(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
