@@ -1,0 +1,190 @@
+#include "engine/slot_pool.h"
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "util/status.h"
+
+namespace expertd {
+
+SlotPool::SlotPool(uint32_t capacity, std::unique_ptr<EvictionPolicy> policy,
+                   uint64_t prefetch_protect)
+    : capacity_(capacity), prefetch_protect_(prefetch_protect), policy_(std::move(policy)) {
+  slots_.resize(capacity);
+  free_.reserve(capacity);
+  // Hand out low slot numbers first: tests and dumps read more easily.
+  for (uint32_t i = capacity; i > 0; --i) free_.push_back(i - 1);
+}
+
+std::optional<SlotId> SlotPool::TakeSlot(bool for_prefetch) {
+  if (!free_.empty()) {
+    const SlotId s = free_.back();
+    free_.pop_back();
+    return s;
+  }
+  const uint64_t now = now_;
+  const std::optional<SlotId> victim = policy_->ChooseVictim(
+      [&](SlotId s) {
+        const Slot& slot = slots_[s];
+        if (slot.leases != 0 || slot.state != SlotState::kResident) return false;
+        return !for_prefetch || slot.last_access + prefetch_protect_ <= now;
+      },
+      now_);
+  if (!victim) return std::nullopt;
+  Evict(*victim);
+  return victim;
+}
+
+void SlotPool::Evict(SlotId s) {
+  Slot& slot = slots_[s];
+  where_.erase(slot.key);
+  policy_->OnRemove(s);
+  if (slot.prefetched_unused) ++stats_.prefetch_wasted;
+  slot.prefetched_unused = false;
+  slot.state = SlotState::kEmpty;
+  ++stats_.evictions;
+}
+
+absl::StatusOr<std::vector<SlotGrant>> SlotPool::Acquire(uint32_t layer,
+                                                         std::span<const BundleKey> keys) {
+  absl::MutexLock lock(&mu_);
+  absl::flat_hash_set<BundleKey> distinct(keys.begin(), keys.end());
+  if (distinct.size() > capacity_) {
+    return MakeError(absl::StatusCode::kResourceExhausted, ErrorKind::kBadValue,
+                     absl::StrCat("an acquire of ", distinct.size(),
+                                  " distinct bundles cannot fit a pool of ", capacity_, " slots"));
+  }
+  policy_->OnLayer(layer, now_);
+  std::vector<SlotGrant> grants;
+  grants.reserve(keys.size());
+  SlotPoolStats delta;
+  for (const BundleKey& key : keys) {
+    ++now_;
+    ++delta.accesses;
+    SlotGrant g{.key = key};
+    if (const auto it = where_.find(key); it != where_.end()) {
+      Slot& slot = slots_[it->second];
+      g.slot = it->second;
+      g.hit = slot.state == SlotState::kResident;
+      ++(g.hit ? delta.hits : delta.joins);
+      if (slot.prefetched_unused) {
+        ++delta.prefetch_used;
+        slot.prefetched_unused = false;
+      }
+    } else {
+      const std::optional<SlotId> s = TakeSlot(/*for_prefetch=*/false);
+      if (!s) {
+        // Roll back: drop the leases this call took, then free the slots it started filling
+        // (after all leases are dropped, so a key repeated in this call is freed too).
+        for (const SlotGrant& done : grants) --slots_[done.slot].leases;
+        for (const SlotGrant& done : grants) {
+          Slot& slot = slots_[done.slot];
+          if (done.needs_fill && slot.leases == 0 && slot.state == SlotState::kFilling) {
+            where_.erase(slot.key);
+            policy_->OnRemove(done.slot);
+            slot.state = SlotState::kEmpty;
+            free_.push_back(done.slot);
+          }
+        }
+        return MakeError(absl::StatusCode::kUnavailable, ErrorKind::kBadValue,
+                         absl::StrCat("all ", capacity_,
+                                      " slots are leased or filling; retry after releases"));
+      }
+      Slot& slot = slots_[*s];
+      slot.key = key;
+      slot.state = SlotState::kFilling;
+      ++slot.generation;
+      where_[key] = *s;
+      policy_->OnInsert(*s, key, now_);
+      g.slot = *s;
+      g.needs_fill = true;
+      ++delta.misses;
+    }
+    Slot& slot = slots_[g.slot];
+    ++slot.leases;
+    slot.last_access = now_;
+    g.generation = slot.generation;
+    policy_->OnAccess(g.slot, key, now_);
+    grants.push_back(g);
+  }
+  stats_.accesses += delta.accesses;
+  stats_.hits += delta.hits;
+  stats_.joins += delta.joins;
+  stats_.misses += delta.misses;
+  stats_.prefetch_used += delta.prefetch_used;
+  return grants;
+}
+
+std::optional<SlotGrant> SlotPool::Prefetch(const BundleKey& key) {
+  absl::MutexLock lock(&mu_);
+  if (where_.contains(key)) return std::nullopt;
+  const std::optional<SlotId> s = TakeSlot(/*for_prefetch=*/true);
+  if (!s) {
+    ++stats_.prefetch_dropped;
+    return std::nullopt;
+  }
+  Slot& slot = slots_[*s];
+  slot.key = key;
+  slot.state = SlotState::kFilling;
+  ++slot.generation;
+  slot.prefetched_unused = true;
+  slot.last_access = now_;
+  where_[key] = *s;
+  policy_->OnInsert(*s, key, now_);
+  ++stats_.prefetch_issued;
+  return SlotGrant{.key = key, .slot = *s, .generation = slot.generation, .needs_fill = true};
+}
+
+void SlotPool::FillDone(SlotId s, uint64_t generation, bool ok) {
+  absl::MutexLock lock(&mu_);
+  Slot& slot = slots_[s];
+  if (slot.generation != generation || slot.state != SlotState::kFilling) return;  // stale
+  if (ok) {
+    slot.state = SlotState::kResident;
+    return;
+  }
+  ++stats_.fill_errors;
+  where_.erase(slot.key);
+  policy_->OnRemove(s);
+  if (slot.prefetched_unused) ++stats_.prefetch_wasted;
+  slot.prefetched_unused = false;
+  slot.state = SlotState::kEmpty;
+  if (slot.leases == 0) free_.push_back(s);  // else freed by the last Release
+}
+
+void SlotPool::Release(std::span<const SlotId> slots) {
+  absl::MutexLock lock(&mu_);
+  for (const SlotId s : slots) {
+    Slot& slot = slots_[s];
+    if (slot.leases == 0) continue;  // a double release is ignored, never underflows
+    if (--slot.leases == 0 && slot.state == SlotState::kEmpty) free_.push_back(s);
+  }
+}
+
+SlotState SlotPool::state(SlotId s) const {
+  absl::MutexLock lock(&mu_);
+  return slots_[s].state;
+}
+
+uint32_t SlotPool::leases(SlotId s) const {
+  absl::MutexLock lock(&mu_);
+  return slots_[s].leases;
+}
+
+std::optional<SlotId> SlotPool::Find(const BundleKey& key) const {
+  absl::MutexLock lock(&mu_);
+  const auto it = where_.find(key);
+  if (it == where_.end()) return std::nullopt;
+  return it->second;
+}
+
+SlotPoolStats SlotPool::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+uint32_t SlotPool::resident() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<uint32_t>(where_.size());
+}
+
+}  // namespace expertd

@@ -1,0 +1,120 @@
+// SlotPool: the cache of one slot class. `capacity` slots; a residency map (layer, expert) ->
+// slot; per slot the bundle it holds, its state, a generation number and a lease count.
+//
+// Rules the pool guarantees (and the tests check):
+//  - A leased slot (lease count > 0) is never chosen as a victim, so its bytes are never
+//    overwritten while a client may read them.
+//  - A bundle is in at most one slot. A second acquire of a bundle that is resident or being
+//    filled shares that slot (lease count + 1) and causes no second read.
+//  - Every new occupant of a slot gets a new generation (strictly increasing per slot), so ready
+//    fences and stale grants can be told apart.
+//  - Within one acquire, slots granted to earlier keys are leased before later keys are looked
+//    up, so one acquire never evicts its own bundles.
+//
+// Prefetch rule: a prefetch never evicts a leased or filling slot, and it may evict a resident
+// bundle only when that bundle is colder than the sweep: it was not accessed within the last
+// `prefetch_protect` accesses (default: one full token sweep of the pool's layers times top-k),
+// so a prefetch cannot push out what the current token is likely to reuse. Prefetched bundles
+// are not leased; the first acquire that hits one counts as a used prefetch, and evicting one
+// that was never acquired counts as a wasted prefetch.
+//
+// Thread-safe: every method takes the pool's mutex; no method blocks on I/O.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/bundle.h"
+#include "engine/eviction_policy.h"
+
+namespace expertd {
+
+enum class SlotState : uint8_t { kEmpty, kFilling, kResident };
+
+// What an acquire got for one key.
+struct SlotGrant {
+  BundleKey key;
+  SlotId slot = kNoSlot;
+  uint64_t generation = 0;
+  // True when the caller must read the bundle into the slot and then call FillDone; false when
+  // the bundle is resident (a hit) or already being filled by someone else (wait for its fill).
+  bool needs_fill = false;
+  bool hit = false;  // resident when looked up
+};
+
+struct SlotPoolStats {
+  uint64_t accesses = 0;
+  uint64_t hits = 0;       // resident at acquire
+  uint64_t joins = 0;      // being filled by an earlier request: shared the in-flight read
+  uint64_t misses = 0;     // needed a fill
+  uint64_t evictions = 0;
+  uint64_t prefetch_issued = 0;
+  uint64_t prefetch_used = 0;    // prefetched bundles later acquired
+  uint64_t prefetch_wasted = 0;  // prefetched bundles evicted or failed before any acquire
+  uint64_t prefetch_dropped = 0; // prefetches refused: no slot allowed by the prefetch rule
+  uint64_t fill_errors = 0;
+};
+
+class SlotPool {
+ public:
+  // `policy` must have been made for `capacity` slots. `prefetch_protect` in accesses (see above).
+  SlotPool(uint32_t capacity, std::unique_ptr<EvictionPolicy> policy, uint64_t prefetch_protect);
+
+  uint32_t capacity() const { return capacity_; }
+
+  // Leases one slot per key, in order. Errors: more distinct keys than the pool has slots
+  // (ResourceExhausted: can never succeed), or not enough slots that may be evicted right now
+  // because too many are leased (Unavailable: retry after releases). On error nothing is leased.
+  // Duplicate keys in one call share one slot and one lease each.
+  absl::StatusOr<std::vector<SlotGrant>> Acquire(uint32_t layer, std::span<const BundleKey> keys);
+
+  // Reserves a slot for a predicted bundle without leasing it. Returns the grant (needs_fill
+  // true) when the caller should read it, nullopt when it is already resident or filling, or
+  // when the prefetch rule allows no slot (counted as dropped).
+  std::optional<SlotGrant> Prefetch(const BundleKey& key);
+
+  // The read for `slot` at `generation` finished. On error the slot is emptied (its waiters
+  // should fail their acquires) and the bundle is no longer resident.
+  void FillDone(SlotId slot, uint64_t generation, bool ok);
+
+  // Drops one lease per slot; slots are given as granted (duplicates release twice).
+  void Release(std::span<const SlotId> slots);
+
+  // For tests and statistics.
+  SlotState state(SlotId slot) const;
+  uint32_t leases(SlotId slot) const;
+  std::optional<SlotId> Find(const BundleKey& key) const;
+  SlotPoolStats stats() const;
+  uint32_t resident() const;
+
+ private:
+  struct Slot {
+    BundleKey key;
+    SlotState state = SlotState::kEmpty;
+    uint64_t generation = 0;
+    uint32_t leases = 0;
+    uint64_t last_access = 0;
+    bool prefetched_unused = false;
+  };
+
+  // A slot for a new occupant: a free one, else the policy's victim among evictable slots.
+  std::optional<SlotId> TakeSlot(bool for_prefetch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Evict(SlotId slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const uint32_t capacity_;
+  const uint64_t prefetch_protect_;
+  mutable absl::Mutex mu_;
+  std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<SlotId> free_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<BundleKey, SlotId> where_ ABSL_GUARDED_BY(mu_);
+  uint64_t now_ ABSL_GUARDED_BY(mu_) = 0;
+  SlotPoolStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace expertd
