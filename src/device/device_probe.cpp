@@ -25,8 +25,8 @@ DeviceProbe ProbeDevices() {
   if (r.usable) {
     probe.kind = DeviceProbe::Kind::kCuda;
     probe.gpus = r.gpus;
-    probe.log_line = absl::StrCat("device: CUDA, ", r.gpus.size(), " GPU(s): ",
-                                  absl::StrJoin(r.gpus, "; "));
+    probe.log_line =
+        absl::StrCat("device: CUDA, ", r.gpus.size(), " GPU(s): ", absl::StrJoin(r.gpus, "; "));
     return probe;
   }
   probe.log_line = absl::StrCat("device: host (no usable CUDA GPU: ", r.error,

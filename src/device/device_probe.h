@@ -8,8 +8,8 @@
 namespace expertd {
 
 struct BuildFeatures {
-  bool cuda_backend = false;          // the CUDA device backend was compiled in
-  std::string cuda_runtime_version;   // "13.0" or "none"
+  bool cuda_backend = false;         // the CUDA device backend was compiled in
+  std::string cuda_runtime_version;  // "13.0" or "none"
 };
 
 BuildFeatures GetBuildFeatures();

@@ -1,0 +1,260 @@
+// The device interface: where slots live and how expert bytes get there. A Device allocates
+// arenas (device memory holding n_slots experts of one projection back to back), staging buffers
+// (host memory the readers fill), fence tables (per-slot ready/done generations shared with a
+// client process) and runs asynchronous staging → arena copies with two priorities.
+//
+// Backends: the host device (shared memory, copy threads; device/host/host_device.h) and, later,
+// the CUDA device (cudaMalloc arenas with IPC handles, cudaHostAlloc staging, copy streams with
+// priorities, IPC events). The engine talks to Device only; it never sees #ifdef. What a backend
+// can do is stated by caps(); optional operations default to Unimplemented in exactly one place
+// (device.cpp). See docs/device.md.
+//
+// Lifetimes: arenas, staging buffers and fence tables are owned by the caller (unique_ptr) and
+// must be destroyed before the Device that made them (the CUDA backend needs its context to free
+// them). Anything a pending copy references must stay alive until its completion callback ran.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/bundle.h"
+
+namespace expertd {
+
+// Arena sizes are rounded up to this (the CUDA allocation granularity); the tail after the
+// requested bytes stays zero so kernels may read past the last slot (ggml pads quantized rows).
+inline constexpr uint64_t kArenaAlignment = uint64_t{2} << 20;
+
+// Rounds a requested arena size up to kArenaAlignment: InvalidArgument for 0, ResourceExhausted
+// when the rounded size would exceed `max_bytes` (or overflow). Shared by every backend.
+absl::StatusOr<uint64_t> ArenaReservedBytes(uint64_t requested, uint64_t max_bytes);
+
+// What a backend can do. Every field defaults to "not supported" / 0; a backend sets what it has.
+struct Capabilities {
+  bool arenas_host_visible = false;         // Arena::host_data() points at the bytes (host: yes)
+  bool exports_to_other_processes = false;  // Arena/FenceTable::Export() work
+  bool async_copies = false;                // SubmitCopy returns before the bytes moved
+  bool copy_priorities = false;             // demand copies overtake queued prefetch copies
+  bool fences_host_visible = false;         // FenceTable::ready()/done() read the real counters
+  bool staging_pinned = false;              // staging is page-locked (DMA-able)
+  bool registers_host_memory = false;       // RegisterHostMemory() is supported
+  uint32_t copy_engines = 0;                // copies that can run at once (threads / streams)
+  uint64_t max_arena_bytes = 0;             // largest AllocateArena() request accepted
+  uint64_t max_staging_bytes = 0;           // largest AllocateStaging() request accepted
+};
+
+// How another process reaches an exported object. The host device fills `shm_*`; the CUDA
+// device will fill `ipc_handle` (the bytes of a cudaIpcMemHandle_t / cudaIpcEventHandle_t).
+// Plain data so the gRPC layer can serialize it without knowing the backend.
+struct SharedHandle {
+  enum class Kind { kHostShm, kCudaIpc };
+  Kind kind = Kind::kHostShm;
+  std::string shm_name;   // shm_open name ("/expertd-<pid>-<n>"), or empty for a memfd
+  int fd = -1;            // the exporter's descriptor; borrowed, valid while the object lives
+  int64_t owner_pid = 0;  // the process holding `fd` (reachable as /proc/<pid>/fd/<fd>)
+  // The object's identity (fstat st_dev, st_ino): a client checks it, so a reused name or
+  // descriptor number never maps someone else's memory.
+  uint64_t dev = 0;
+  uint64_t inode = 0;
+  std::string ipc_handle;  // CUDA only
+};
+
+// An arena as another process sees it: map `reserved_bytes` read-only; slots are in
+// [0, bytes), the rest is zero padding.
+struct ArenaExport {
+  SharedHandle handle;
+  uint64_t bytes = 0;           // requested (usable) size
+  uint64_t reserved_bytes = 0;  // mapped size, a multiple of kArenaAlignment
+  std::string label;
+};
+
+// A fence table as a client sees it. Host: one shared-memory segment; [0, done_offset) holds
+// the header and the ready counters (map read-only), [done_offset, segment_bytes) holds the
+// waiter counts and done counters (map read-write).
+struct FenceExport {
+  SharedHandle handle;
+  uint32_t n_slots = 0;
+  uint64_t segment_bytes = 0;
+  uint64_t done_offset = 0;
+};
+
+// Device memory of one slot class and one projection. Never resized; freed only when destroyed,
+// so an export stays valid for the arena's lifetime. Thread-safe: all members are const.
+class Arena {
+ public:
+  virtual ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  const std::string& label() const { return label_; }
+  // Usable bytes (what was asked for). Copies must stay inside [0, bytes()).
+  uint64_t bytes() const { return bytes_; }
+  // Allocated bytes: bytes() rounded up to kArenaAlignment; [bytes(), reserved_bytes()) is zero.
+  uint64_t reserved_bytes() const { return reserved_bytes_; }
+  // The bytes when caps().arenas_host_visible, else nullptr.
+  virtual const uint8_t* host_data() const { return nullptr; }
+
+  // A descriptor another process maps (host: MapArena in host_device.h). Optional.
+  virtual absl::StatusOr<ArenaExport> Export() const;
+
+ protected:
+  Arena(std::string label, uint64_t bytes, uint64_t reserved_bytes)
+      : label_(std::move(label)), bytes_(bytes), reserved_bytes_(reserved_bytes) {}
+
+ private:
+  std::string label_;
+  uint64_t bytes_;
+  uint64_t reserved_bytes_;
+};
+
+// Host memory readers write into and copies read from (pinned for CUDA). Page-aligned, so
+// O_DIRECT reads may target it. Threads may use disjoint ranges concurrently.
+class StagingBuffer {
+ public:
+  virtual ~StagingBuffer();
+  StagingBuffer(const StagingBuffer&) = delete;
+  StagingBuffer& operator=(const StagingBuffer&) = delete;
+
+  std::span<uint8_t> data() const { return data_; }
+  uint64_t bytes() const { return data_.size(); }
+
+ protected:
+  explicit StagingBuffer(std::span<uint8_t> data) : data_(data) {}
+
+ private:
+  std::span<uint8_t> data_;
+};
+
+// Per-slot generations shared between the daemon and one client (one table per session):
+//   ready[slot] = g  the daemon finished copying generation g of the slot's occupant (or granted
+//                    an already-resident occupant under generation g);
+//   done[slot] = g   the client's kernels finished reading generation g.
+// Both only grow; 0 means "never". A copy that overwrites a slot waits until done[slot] reached
+// the generation of the previous occupant's last grant (CopyRequest::waits).
+// Thread-safe: counters are lock-free atomics.
+class FenceTable {
+ public:
+  virtual ~FenceTable();
+  FenceTable(const FenceTable&) = delete;
+  FenceTable& operator=(const FenceTable&) = delete;
+
+  uint32_t size() const { return n_slots_; }
+  // Current counters (meaningful when caps().fences_host_visible). `slot` < size().
+  virtual uint64_t ready(SlotId slot) const = 0;
+  virtual uint64_t done(SlotId slot) const = 0;
+  // Sets ready[slot] to `generation` and wakes waiting clients. A generation below the current
+  // one is FailedPrecondition (and changes nothing); an equal one is a no-op.
+  virtual absl::Status AdvanceReady(SlotId slot, uint64_t generation) = 0;
+  // Blocks until done[slot] >= generation: OK, or DeadlineExceeded after `timeout`.
+  virtual absl::Status WaitDone(SlotId slot, uint64_t generation, absl::Duration timeout) const = 0;
+
+  // A descriptor a client maps (host: MapFences in host_device.h). Optional.
+  virtual absl::StatusOr<FenceExport> Export() const;
+
+ protected:
+  explicit FenceTable(uint32_t n_slots) : n_slots_(n_slots) {}
+
+ private:
+  uint32_t n_slots_;
+};
+
+enum class CopyPriority { kDemand, kPrefetch };  // demand = an acquire waits for it
+
+// One contiguous piece of a copy: `source` (inside a StagingBuffer of the same device) to
+// arena bytes [arena_offset, arena_offset + source.size()).
+struct CopySegment {
+  std::span<const uint8_t> source;
+  Arena* arena = nullptr;
+  uint64_t arena_offset = 0;
+};
+
+// The copy must not start before fences->done(slot) >= generation: the client finished reading
+// the slot's previous occupant.
+struct FenceWait {
+  const FenceTable* fences = nullptr;
+  SlotId slot = 0;
+  uint64_t generation = 0;
+};
+
+// After all segments landed, ready[slot] is advanced to `generation` (before the callback runs;
+// on CUDA it is recorded on the copy stream, so a client can wait without the daemon's CPU).
+struct FenceSignal {
+  FenceTable* fences = nullptr;
+  SlotId slot = 0;
+  uint64_t generation = 0;
+};
+
+// One bundle's copy: all projections of one expert into their arenas, started once every wait
+// is satisfied, then every signal is advanced. Copies of equal priority start in submission
+// order unless an earlier one is still waiting on a fence.
+struct CopyRequest {
+  std::vector<CopySegment> segments;
+  CopyPriority priority = CopyPriority::kPrefetch;
+  std::vector<FenceWait> waits;
+  std::vector<FenceSignal> signals;
+};
+
+// Called exactly once per accepted copy, on a copy thread (or on the thread running Shutdown()
+// for cancelled copies): OK, Cancelled (shut down before it started), or the error that stopped
+// it (a signal that would lower a ready counter is FailedPrecondition; the bytes were copied).
+// It must not block for long and must not call Shutdown() or Drain(); it may call SubmitCopy().
+using CopyCallback = absl::AnyInvocable<void(absl::Status)>;
+
+class Device {
+ public:
+  virtual ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  virtual std::string_view name() const = 0;  // "host", "cuda:0"
+  virtual const Capabilities& caps() const = 0;
+
+  // `bytes` > 0 usable bytes, rounded up (ArenaReservedBytes); the memory starts zeroed.
+  // InvalidArgument for 0, ResourceExhausted above caps().max_arena_bytes or when the system has
+  // no memory for it. `label` names it in errors and exports ("L3.ffn_up_exps class 0").
+  virtual absl::StatusOr<std::unique_ptr<Arena>> AllocateArena(uint64_t bytes,
+                                                               std::string_view label) = 0;
+  // Page-aligned host memory (contents unspecified); same errors as AllocateArena against
+  // max_staging_bytes.
+  virtual absl::StatusOr<std::unique_ptr<StagingBuffer>> AllocateStaging(uint64_t bytes) = 0;
+  // A table of n_slots ready and n_slots done counters, all 0. InvalidArgument for 0 slots.
+  virtual absl::StatusOr<std::unique_ptr<FenceTable>> CreateFences(uint32_t n_slots) = 0;
+
+  // Queues a copy. InvalidArgument when a segment, wait or signal is malformed (no segments,
+  // an empty source, a range outside its arena, a slot outside its table, an object of another
+  // device); FailedPrecondition after Shutdown(). On error `on_complete` is never called; on OK
+  // it is called exactly once. Thread-safe.
+  virtual absl::Status SubmitCopy(CopyRequest request, CopyCallback on_complete) = 0;
+  // Waits until every accepted copy completed: OK, or DeadlineExceeded (copies keep running).
+  virtual absl::Status Drain(absl::Duration timeout) = 0;
+  // Cancels queued copies (their callbacks get Cancelled), lets running ones finish, stops the
+  // copy engines. Idempotent; the destructor calls it. Not from a copy callback.
+  virtual void Shutdown() = 0;
+
+  // Optional operations: the defaults (device.cpp) say Unimplemented / use the host pointer.
+
+  // Registers existing host memory (e.g. a mapped pack range) as staging: cudaHostRegister, the
+  // origin's "direct DAX" path. Needs caps().registers_host_memory.
+  virtual absl::StatusOr<std::unique_ptr<StagingBuffer>> RegisterHostMemory(
+      std::span<uint8_t> memory);
+  // Reads arena bytes back (tests, `expertctl` verification). Default: memcpy from host_data()
+  // when the arena is host-visible, Unimplemented otherwise.
+  virtual absl::Status ReadArena(const Arena& arena, uint64_t offset, std::span<uint8_t> out);
+
+ protected:
+  Device() = default;
+};
+
+// Shape checks every backend applies before accepting a copy (sizes, ranges, slots); the
+// backend adds its own ownership checks. InvalidArgument naming the bad part.
+absl::Status ValidateCopyRequest(const CopyRequest& request);
+
+}  // namespace expertd
