@@ -43,6 +43,16 @@ absl::StatusOr<uint32_t> StagingRing::ReserveDemand(absl::Duration timeout) {
   return i;
 }
 
+std::optional<uint32_t> StagingRing::TryReserveDemand() {
+  absl::MutexLock lock(&mu_);
+  if (free_.empty()) return std::nullopt;
+  const uint32_t i = free_.back();
+  free_.pop_back();
+  in_use_[i] = true;
+  ++stats_.demand_reserved;
+  return i;
+}
+
 std::optional<uint32_t> StagingRing::TryReservePrefetch() {
   absl::MutexLock lock(&mu_);
   if (free_.size() <= demand_reserve_) {

@@ -43,6 +43,9 @@ class StagingRing {
 
   // A segment for a demand read; waits up to `timeout` for one (DeadlineExceeded after it).
   absl::StatusOr<uint32_t> ReserveDemand(absl::Duration timeout);
+  // A segment for a demand read if one is free now (never waits); for callers that queue
+  // demand work themselves and retry on Release.
+  std::optional<uint32_t> TryReserveDemand();
   // A segment for a prefetch, or nullopt when only the demand reserve is left.
   std::optional<uint32_t> TryReservePrefetch();
   void Release(uint32_t index);

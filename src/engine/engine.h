@@ -1,0 +1,109 @@
+// Engine: the pipeline that turns acquires into granted slots. For each slot class of the
+// catalog it owns a slot pool (the cache), one arena per projection and a fence table; it reads
+// missing bundles with the reader pools into the staging ring and copies them into slots with
+// the device.
+//
+//   acquire(layer, experts) -> pool: hits, joins, misses (leased)
+//     misses -> fill queue (demand ahead of prefetch) -> staging segment -> read job
+//            -> device copy (waits for the slot's last done generation, advances ready)
+//            -> pool.FillDone -> the grant completes when all its slots are ready
+//   predictor.Step(layer, experts) -> pool.Prefetch -> fill queue (prefetch)
+//
+// Two requests for one bundle cause one read (the pool shares the in-flight slot). Nothing here
+// blocks on I/O: AcquireAsync returns at once and calls back when the grant is ready; Acquire is
+// the blocking convenience for tools and tests. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "catalog/catalog.h"
+#include "device/device.h"
+#include "engine/predictor.h"
+#include "engine/slot_pool.h"
+#include "engine/staging_ring.h"
+#include "pack/reader_pool.h"
+
+namespace expertd {
+
+struct EngineOptions {
+  // Slots per slot class: a fixed count, or (when 0) as many as `slot_budget_bytes` allows for
+  // the class, split between classes in proportion to their layer counts.
+  uint32_t slots_per_class = 0;
+  uint64_t slot_budget_bytes = uint64_t{1} << 30;
+  std::string policy = "cycle";
+  std::string predictor = "none";
+  PredictorOptions predictor_options;  // `layers` is filled from the catalog
+  uint64_t staging_bytes = uint64_t{64} << 20;
+  uint32_t staging_demand_reserve = 2;  // segments prefetches may never take
+  ReaderPoolOptions readers;
+};
+
+// One granted bundle: where its projections are. Projection p of the bundle is at
+// arena(class, p) + slot * expert_bytes(p).
+struct GrantedSlot {
+  uint32_t expert = 0;
+  uint32_t slot_class = 0;
+  SlotId slot = kNoSlot;
+  uint64_t generation = 0;  // wait for ready[slot] >= generation (already true when granted)
+  bool hit = false;
+};
+
+struct Grant {
+  uint32_t layer = 0;
+  std::vector<GrantedSlot> slots;  // in the order of the requested experts
+  absl::Duration stall;            // from the request to the grant
+};
+
+struct EngineStats {
+  SlotPoolStats pool;  // summed over slot classes
+  uint64_t bytes_read = 0;
+  uint64_t bytes_copied = 0;
+  uint64_t fills_failed = 0;
+  double stall_p50_us = 0;
+  double stall_p99_us = 0;
+  std::vector<std::pair<uint32_t, double>> layer_hit_rate;  // (block, hits / accesses)
+};
+
+class Engine {
+ public:
+  // The catalog, packs (opened from catalog.packs() in the same order) and device must outlive
+  // the engine.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const ModelCatalog& catalog,
+                                                        const PackSet& packs, Device& device,
+                                                        const EngineOptions& options);
+  ~Engine();
+
+  using GrantCallback = absl::AnyInvocable<void(absl::StatusOr<Grant>)>;
+  // Leases a slot for each expert of `layer` and calls `done` (on an engine thread, or inline for
+  // an all-hit acquire) when every slot is ready. Errors: NotFound for a layer without experts,
+  // OutOfRange for an expert beyond the layer's count, ResourceExhausted when the pool can never
+  // hold that many bundles, Unavailable when all slots are leased right now.
+  void AcquireAsync(uint32_t layer, std::span<const uint32_t> experts, GrantCallback done);
+  absl::StatusOr<Grant> Acquire(uint32_t layer, std::span<const uint32_t> experts);
+  // Drops the grant's leases. The client must have signalled done for every slot it read.
+  void Release(const Grant& grant);
+  // Client prediction: stage these experts of `layer` at low priority.
+  void Prefetch(uint32_t layer, std::span<const uint32_t> experts);
+
+  // Slot geometry, for clients and verification.
+  uint32_t slots(uint32_t slot_class) const;
+  const Arena& arena(uint32_t slot_class, size_t projection) const;
+  FenceTable& fences(uint32_t slot_class) const;
+  EngineStats Stats() const;
+
+ private:
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace expertd
