@@ -20,8 +20,9 @@ std::string HumanBytes(uint64_t bytes) {
   return buf;
 }
 
-Progress::Progress(std::string label, uint64_t total_bytes, bool quiet)
+Progress::Progress(std::string label, uint64_t total_bytes, bool quiet, std::string unit)
     : label_(std::move(label)),
+      unit_(std::move(unit)),
       total_(total_bytes),
       quiet_(quiet),
       tty_(::isatty(STDERR_FILENO) == 1),
@@ -60,18 +61,23 @@ void Progress::Draw(uint64_t done, bool final) {
   const double s = seconds();
   const double rate = s > 0 ? static_cast<double>(done) / s : 0;
   const double frac = total_ == 0 ? 1.0 : static_cast<double>(done) / static_cast<double>(total_);
-  const std::string rate_text = HumanBytes(static_cast<uint64_t>(rate)) + "/s";
+  const auto amount = [&](uint64_t v) {
+    return unit_.empty() ? HumanBytes(v) : std::to_string(v) + " " + unit_;
+  };
+  const std::string rate_text =
+      unit_.empty() ? HumanBytes(static_cast<uint64_t>(rate)) + "/s"
+                    : std::to_string(static_cast<uint64_t>(rate)) + " " + unit_ + "/s";
   if (tty_) {
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(frac * kWidth);
     std::string bar(static_cast<size_t>(filled), '#');
     bar.resize(kWidth, '.');
     std::fprintf(stderr, "\r%s [%s] %5.1f%% %s / %s  %s%s", label_.c_str(), bar.c_str(),
-                 frac * 100, HumanBytes(done).c_str(), HumanBytes(total_).c_str(),
+                 frac * 100, amount(done).c_str(), amount(total_).c_str(),
                  rate_text.c_str(), final ? "\n" : "   ");
   } else {
     std::fprintf(stderr, "%s: %.0f%% %s of %s, %s%s\n", label_.c_str(), frac * 100,
-                 HumanBytes(done).c_str(), HumanBytes(total_).c_str(), rate_text.c_str(),
+                 amount(done).c_str(), amount(total_).c_str(), rate_text.c_str(),
                  final ? " (done)" : "");
   }
   std::fflush(stderr);

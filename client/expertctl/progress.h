@@ -10,7 +10,9 @@ namespace expertd::ctl {
 
 class Progress {
  public:
-  Progress(std::string label, uint64_t total_bytes, bool quiet = false);
+  // `unit` empty: amounts are bytes (shown as KiB/MiB, with a rate); otherwise plain counts of
+  // `unit` ("records").
+  Progress(std::string label, uint64_t total_bytes, bool quiet = false, std::string unit = {});
   ~Progress();
   void Update(uint64_t done_bytes);
   // Prints the final line (total and average rate). Called by the destructor if not before.
@@ -20,6 +22,7 @@ class Progress {
  private:
   void Draw(uint64_t done, bool final);
   std::string label_;
+  std::string unit_;
   uint64_t total_;
   bool quiet_;
   bool tty_;

@@ -34,7 +34,11 @@ class EnginePipelineTest : public ::testing::Test {
     catalog_ = std::make_unique<ModelCatalog>(*std::move(catalog));
     std::vector<PackSpec> specs;
     for (const PackInfo& p : catalog_->packs()) {
-      specs.push_back(PackSpec{.path = p.path, .label = p.label, .test_hook = hook});
+      PackSpec spec;
+      spec.path = p.path;
+      spec.label = p.label;
+      spec.test_hook = hook;
+      specs.push_back(std::move(spec));
     }
     auto packs = PackSet::Open(std::move(specs), PackSetOptions{});
     ASSERT_TRUE(packs.ok()) << packs.status();
