@@ -16,6 +16,7 @@
 #include "format/route_trace.h"
 #include "model_args.h"
 #include "progress.h"
+#include "util/file.h"
 #include "util/hash.h"
 #include "util/status.h"
 
@@ -75,6 +76,9 @@ int RunReplayWithModel(const ReplayModelArgs& a) {
   }
   absl::StatusOr<ModelCatalog> catalog = ModelCatalog::Build(*model, index.get());
   if (!catalog.ok()) return fail(catalog.status());
+  // The oracle reads the model's own bytes (P), so a bad copy in a Q pack is caught too.
+  absl::StatusOr<ModelCatalog> model_only = ModelCatalog::Build(*model, nullptr);
+  if (!model_only.ok()) return fail(model_only.status());
   absl::StatusOr<std::vector<RouteRecord>> records = ReadRouteTrace(a.trace);
   if (!records.ok()) return fail(records.status());
   // Access order: problem, then token, then layer; experts as listed.
@@ -133,8 +137,14 @@ int RunReplayWithModel(const ReplayModelArgs& a) {
     fences.push_back(std::make_unique<MappedFences>(*std::move(mapped)));
   }
 
-  // Expected content: XXH3 of each (layer, expert, projection) as read from its pack, computed
-  // once per bundle with a plain pread (the oracle, independent of the engine's readers).
+  // Expected content: XXH3 of each (layer, expert, projection) as the GGUF holds it, read once
+  // per bundle with a plain pread — independent of the engine's readers and of the index.
+  std::vector<std::unique_ptr<ReadFile>> oracle_files;
+  for (const PackInfo& p : model_only->packs()) {
+    absl::StatusOr<ReadFile> f = ReadFile::Open(p.path);
+    if (!f.ok()) return fail(f.status());
+    oracle_files.push_back(std::make_unique<ReadFile>(*std::move(f)));
+  }
   std::map<std::tuple<uint32_t, uint32_t, size_t>, uint64_t> expected;
   std::vector<uint8_t> buf;
   uint64_t verified = 0, mismatches = 0, errors = 0;
@@ -156,9 +166,12 @@ int RunReplayWithModel(const ReplayModelArgs& a) {
         const uint64_t bytes = layer.projections[p].expert_bytes;
         auto [it, fresh] = expected.try_emplace({r.layer, s.expert, p}, 0);
         if (fresh) {
-          const absl::StatusOr<ExpertLocation> loc = catalog->Locate(r.layer, s.expert, p);
+          const absl::StatusOr<ExpertLocation> loc = model_only->Locate(r.layer, s.expert, p);
           buf.resize(bytes);
-          if (!loc.ok() || !(*packs)->Read(loc->pack, loc->offset, buf).ok()) return fail(loc.status());
+          if (!loc.ok()) return fail(loc.status());
+          if (absl::Status st = oracle_files[loc->pack]->ReadAt(loc->offset, buf); !st.ok()) {
+            return fail(st);
+          }
           it->second = Xxh3(buf);
         }
         const uint8_t* got = (*engine)->arena(s.slot_class, p).host_data() + s.slot * bytes;
