@@ -1,7 +1,9 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <deque>
+#include <mutex>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -51,7 +53,8 @@ struct Engine::Impl {
   std::unique_ptr<StagingRing> ring;
   std::unique_ptr<ReaderPools> readers;
 
-  absl::Mutex mu;
+  std::mutex mu;  // std primitives: visible to ThreadSanitizer
+  std::condition_variable fills_settled;
   std::unique_ptr<Predictor> predictor ABSL_GUARDED_BY(mu);
   std::deque<Fill> demand_q ABSL_GUARDED_BY(mu);
   std::deque<Fill> prefetch_q ABSL_GUARDED_BY(mu);
@@ -134,7 +137,7 @@ struct Engine::Impl {
     const absl::Status submitted = device.SubmitCopy(
         std::move(req), [this, f, seg, bytes](absl::Status st) {
           if (st.ok()) {
-            absl::MutexLock lock(&mu);
+            std::lock_guard<std::mutex> lock(mu);
             bytes_copied += bytes;
           }
           FinishFill(f, seg, st);
@@ -149,8 +152,8 @@ struct Engine::Impl {
     std::vector<std::shared_ptr<PendingAcquire>> ready;
     std::vector<std::pair<Fill, uint32_t>> next;
     {
-      absl::MutexLock lock(&mu);
-      --fills_in_flight;
+      std::lock_guard<std::mutex> lock(mu);
+      if (--fills_in_flight == 0) fills_settled.notify_all();
       classes[f.cls].pool->FillDone(f.slot, f.generation, st.ok());
       if (!st.ok()) ++fills_failed;
       const auto it = waiters.find({f.cls, f.slot, f.generation});
@@ -174,7 +177,7 @@ struct Engine::Impl {
   void Complete(const std::shared_ptr<PendingAcquire>& w) {
     w->grant.stall = absl::Now() - w->start;
     {
-      absl::MutexLock lock(&mu);
+      std::lock_guard<std::mutex> lock(mu);
       stalls_us.push_back(absl::ToDoubleMicroseconds(w->grant.stall));
     }
     if (!w->status.ok()) {
@@ -245,7 +248,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelCatalog& catal
   PredictorOptions po = options.predictor_options;
   po.layers = model.layers;
   {
-    absl::MutexLock lock(&impl->mu);
+    std::lock_guard<std::mutex> lock(impl->mu);
     ASSIGN_OR_RETURN(impl->predictor, MakePredictor(options.predictor, po));
   }
   impl->readers = std::make_unique<ReaderPools>(packs, options.readers);
@@ -256,15 +259,14 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() {
   {
-    absl::MutexLock lock(&impl_->mu);
+    std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stopping = true;
     impl_->demand_q.clear();
     impl_->prefetch_q.clear();
   }
   impl_->readers.reset();  // cancels queued reads; their fills finish with Cancelled
-  absl::MutexLock lock(&impl_->mu);
-  impl_->mu.Await(absl::Condition(
-      +[](int* n) { return *n == 0; }, &impl_->fills_in_flight));
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  impl_->fills_settled.wait(lock, [this] { return impl_->fills_in_flight == 0; });
 }
 
 void Engine::AcquireAsync(uint32_t layer, std::span<const uint32_t> experts, GrantCallback done) {
@@ -293,7 +295,7 @@ void Engine::AcquireAsync(uint32_t layer, std::span<const uint32_t> experts, Gra
   std::vector<std::pair<Fill, uint32_t>> startable;
   bool all_ready = false;
   {
-    absl::MutexLock lock(&m.mu);
+    std::lock_guard<std::mutex> lock(m.mu);
     auto& [hits, accesses] = m.layer_hits[layer];
     for (const SlotGrant& g : *grants) {
       w->grant.slots.push_back(GrantedSlot{g.key.expert, l->slot_class, g.slot, g.generation, g.hit});
@@ -352,7 +354,7 @@ void Engine::Prefetch(uint32_t layer, std::span<const uint32_t> experts) {
   if (l == nullptr) return;
   std::vector<std::pair<Fill, uint32_t>> startable;
   {
-    absl::MutexLock lock(&m.mu);
+    std::lock_guard<std::mutex> lock(m.mu);
     for (uint32_t e : experts) {
       if (e >= l->n_expert) continue;
       if (auto g = m.classes[l->slot_class].pool->Prefetch({layer, e})) {
@@ -390,7 +392,7 @@ EngineStats Engine::Stats() const {
     s.pool.fill_errors += p.fill_errors;
   }
   for (const PackStats& p : impl_->readers->Stats().packs) s.bytes_read += p.bytes_read;
-  absl::MutexLock lock(&impl_->mu);
+  std::lock_guard<std::mutex> lock(impl_->mu);
   s.bytes_copied = impl_->bytes_copied;
   s.fills_failed = impl_->fills_failed;
   std::vector<double> v = impl_->stalls_us;

@@ -23,7 +23,6 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "catalog/catalog.h"
 #include "device/device.h"

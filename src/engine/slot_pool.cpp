@@ -46,7 +46,7 @@ void SlotPool::Evict(SlotId s) {
 
 absl::StatusOr<std::vector<SlotGrant>> SlotPool::Acquire(uint32_t layer,
                                                          std::span<const BundleKey> keys) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::flat_hash_set<BundleKey> distinct(keys.begin(), keys.end());
   if (distinct.size() > capacity_) {
     return MakeError(absl::StatusCode::kResourceExhausted, ErrorKind::kBadValue,
@@ -115,7 +115,7 @@ absl::StatusOr<std::vector<SlotGrant>> SlotPool::Acquire(uint32_t layer,
 }
 
 std::optional<SlotGrant> SlotPool::Prefetch(const BundleKey& key) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (where_.contains(key)) return std::nullopt;
   const std::optional<SlotId> s = TakeSlot(/*for_prefetch=*/true);
   if (!s) {
@@ -135,7 +135,7 @@ std::optional<SlotGrant> SlotPool::Prefetch(const BundleKey& key) {
 }
 
 void SlotPool::FillDone(SlotId s, uint64_t generation, bool ok) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   Slot& slot = slots_[s];
   if (slot.generation != generation || slot.state != SlotState::kFilling) return;  // stale
   if (ok) {
@@ -152,7 +152,7 @@ void SlotPool::FillDone(SlotId s, uint64_t generation, bool ok) {
 }
 
 void SlotPool::Release(std::span<const SlotId> slots) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   for (const SlotId s : slots) {
     Slot& slot = slots_[s];
     if (slot.leases == 0) continue;  // a double release is ignored, never underflows
@@ -161,29 +161,29 @@ void SlotPool::Release(std::span<const SlotId> slots) {
 }
 
 SlotState SlotPool::state(SlotId s) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return slots_[s].state;
 }
 
 uint32_t SlotPool::leases(SlotId s) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return slots_[s].leases;
 }
 
 std::optional<SlotId> SlotPool::Find(const BundleKey& key) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const auto it = where_.find(key);
   if (it == where_.end()) return std::nullopt;
   return it->second;
 }
 
 SlotPoolStats SlotPool::stats() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return stats_;
 }
 
 uint32_t SlotPool::resident() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return static_cast<uint32_t>(where_.size());
 }
 

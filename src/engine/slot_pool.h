@@ -28,7 +28,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include <mutex>
+
+#include "absl/base/thread_annotations.h"
 #include "engine/bundle.h"
 #include "engine/eviction_policy.h"
 
@@ -108,7 +110,9 @@ class SlotPool {
 
   const uint32_t capacity_;
   const uint64_t prefetch_protect_;
-  mutable absl::Mutex mu_;
+  // std::mutex rather than absl::Mutex: the distribution's Abseil is not built for
+  // ThreadSanitizer, which then cannot see its locking.
+  mutable std::mutex mu_;
   std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
   std::vector<SlotId> free_ ABSL_GUARDED_BY(mu_);

@@ -25,11 +25,11 @@ StagingRing::StagingRing(std::span<uint8_t> memory, uint64_t segment_bytes,
 }
 
 absl::StatusOr<uint32_t> StagingRing::ReserveDemand(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (free_.empty()) {
     ++stats_.demand_waited;
-    const auto available = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !free_.empty(); };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&available), timeout)) {
+    if (!released_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                            [this] { return !free_.empty(); })) {
       ++stats_.demand_timeouts;
       return absl::DeadlineExceededError(
           absl::StrCat("no staging segment freed within ", absl::FormatDuration(timeout), " (all ",
@@ -44,7 +44,7 @@ absl::StatusOr<uint32_t> StagingRing::ReserveDemand(absl::Duration timeout) {
 }
 
 std::optional<uint32_t> StagingRing::TryReserveDemand() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (free_.empty()) return std::nullopt;
   const uint32_t i = free_.back();
   free_.pop_back();
@@ -54,7 +54,7 @@ std::optional<uint32_t> StagingRing::TryReserveDemand() {
 }
 
 std::optional<uint32_t> StagingRing::TryReservePrefetch() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (free_.size() <= demand_reserve_) {
     ++stats_.prefetch_refused;
     return std::nullopt;
@@ -67,19 +67,20 @@ std::optional<uint32_t> StagingRing::TryReservePrefetch() {
 }
 
 void StagingRing::Release(uint32_t index) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (index >= in_use_.size() || !in_use_[index]) return;  // double release: ignored
   in_use_[index] = false;
   free_.push_back(index);
+  released_.notify_one();
 }
 
 uint32_t StagingRing::free_segments() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return static_cast<uint32_t>(free_.size());
 }
 
 StagingStats StagingRing::stats() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return stats_;
 }
 

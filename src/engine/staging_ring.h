@@ -16,7 +16,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include <condition_variable>
+#include <mutex>
+
+#include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
 
 namespace expertd {
@@ -59,7 +62,8 @@ class StagingRing {
   const uint64_t segment_bytes_;
   const uint32_t demand_reserve_;
   std::vector<std::span<uint8_t>> segments_;
-  mutable absl::Mutex mu_;
+  mutable std::mutex mu_;  // std primitives: visible to ThreadSanitizer
+  std::condition_variable released_;
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> in_use_ ABSL_GUARDED_BY(mu_);
   StagingStats stats_ ABSL_GUARDED_BY(mu_);
