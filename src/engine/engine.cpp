@@ -7,7 +7,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "util/checked.h"
 #include "util/status.h"
 
@@ -336,13 +335,18 @@ void Engine::AcquireAsync(uint32_t layer, std::span<const uint32_t> experts, Gra
 }
 
 absl::StatusOr<Grant> Engine::Acquire(uint32_t layer, std::span<const uint32_t> experts) {
-  absl::Notification ready;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool ready = false;
   absl::StatusOr<Grant> result;
   AcquireAsync(layer, experts, [&](absl::StatusOr<Grant> g) {
+    std::lock_guard<std::mutex> lock(mu);
     result = std::move(g);
-    ready.Notify();
+    ready = true;
+    cv.notify_one();
   });
-  ready.WaitForNotification();
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return ready; });
   return result;
 }
 
