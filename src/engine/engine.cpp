@@ -40,7 +40,6 @@ struct Engine::Impl {
     std::unique_ptr<SlotPool> pool;
     std::vector<std::unique_ptr<Arena>> arenas;  // by projection
     std::unique_ptr<FenceTable> fences;
-    std::vector<uint64_t> last_granted;  // per slot; guarded by mu
   };
 
   const ModelCatalog& catalog;
@@ -72,7 +71,7 @@ struct Engine::Impl {
 
   // Queues the fill of a slot the pool just handed out, remembering what its copy must wait for.
   void Enqueue(uint32_t cls, const SlotGrant& g, bool demand) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    Fill f{cls, g.slot, g.generation, classes[cls].last_granted[g.slot], g.key, demand};
+    Fill f{cls, g.slot, g.generation, g.wait_done, g.key, demand};
     (demand ? demand_q : prefetch_q).push_back(f);
   }
 
@@ -235,7 +234,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelCatalog& catal
       c.arenas.push_back(std::move(arena));
     }
     ASSIGN_OR_RETURN(c.fences, device.CreateFences(static_cast<uint32_t>(slots)));
-    c.last_granted.assign(slots, 0);
     impl->classes.push_back(std::move(c));
   }
   const uint64_t segment = *CheckedAlignUp(catalog.max_bundle_bytes(), kSegmentAlignment);
@@ -312,8 +310,6 @@ void Engine::AcquireAsync(uint32_t layer, std::span<const uint32_t> experts, Gra
         w->status = absl::UnavailableError(absl::StrCat(
             "the read of layer ", layer, " expert ", g.key.expert, " failed; retry"));
       }
-      uint64_t& last = c.last_granted[g.slot];
-      last = std::max(last, g.generation);
     }
     for (const Prediction& p : m.predictor->Step(layer, experts)) {
       const MoeLayer* pl = m.catalog.FindLayer(p.layer);

@@ -1,171 +1,561 @@
+// The eviction policies: lru, lfu (exponentially decayed counts) and cycle (layer-aware, the
+// default). docs/policy.md explains each one and how cycle was measured against Belady's MIN.
 #include "engine/eviction_policy.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
-#include <list>
-#include <vector>
+#include <deque>
+#include <set>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "util/status.h"
 
 namespace expertd {
 namespace {
 
-constexpr std::string_view kNames[] = {"cycle", "lru", "lfu"};
+constexpr std::array<std::string_view, 3> kPolicyNames = {"cycle", "lru", "lfu"};
+constexpr uint64_t kNever = ~uint64_t{0};
 
-// Least recently used: a recency list, victims taken from its cold end.
+void GrowTo(std::vector<uint64_t>& v, SlotId slot) {
+  if (slot >= v.size()) v.resize(size_t{slot} + 1, kNever);
+}
+
+// Least recently used: an ordered set of (last access, slot); the victim is the first evictable
+// entry from the old end. O(log n) per access; ChooseVictim skips only non-evictable slots.
 class LruPolicy final : public EvictionPolicy {
  public:
-  explicit LruPolicy(uint32_t capacity) : where_(capacity) {}
+  explicit LruPolicy(uint32_t capacity) : tick_(capacity, kNever) {}
   std::string_view name() const override { return "lru"; }
-  void OnInsert(SlotId slot, const BundleKey&, uint64_t) override { Touch(slot); }
-  void OnAccess(SlotId slot, const BundleKey&, uint64_t) override { Touch(slot); }
+  void OnInsert(SlotId slot, const BundleKey&, uint64_t now) override { Touch(slot, now); }
+  void OnAccess(SlotId slot, const BundleKey&, uint64_t now) override { Touch(slot, now); }
   void OnRemove(SlotId slot) override {
-    if (where_[slot].second) order_.erase(where_[slot].first);
-    where_[slot].second = false;
+    if (slot < tick_.size() && tick_[slot] != kNever) order_.erase({tick_[slot], slot});
+    if (slot < tick_.size()) tick_[slot] = kNever;
   }
   std::optional<SlotId> ChooseVictim(const std::function<bool(SlotId)>& evictable,
                                      uint64_t) override {
-    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
-      if (evictable(*it)) return *it;
+    for (const auto& [tick, slot] : order_) {
+      if (evictable(slot)) return slot;
     }
     return std::nullopt;
   }
 
  private:
-  void Touch(SlotId slot) {
+  void Touch(SlotId slot, uint64_t now) {
     OnRemove(slot);
-    order_.push_front(slot);
-    where_[slot] = {order_.begin(), true};
+    GrowTo(tick_, slot);
+    tick_[slot] = now;
+    order_.emplace(now, slot);
   }
-  std::list<SlotId> order_;  // most recent first
-  std::vector<std::pair<std::list<SlotId>::iterator, bool>> where_;
+  std::vector<uint64_t> tick_;
+  std::set<std::pair<uint64_t, SlotId>> order_;
 };
 
-// Least frequently used with decay: every access adds 1, and all counts halve every
-// `half_life` accesses (applied lazily), so old popularity fades. O(capacity) per victim.
+// Least frequently used with exponential decay: a bundle's count halves every `half_life`
+// accesses, c(now) = c(t) * 2^-((now - t) / half_life). Every count decays by the same factor,
+// so ranking by c(now) equals ranking by the time-free key log2(c(t)) + t / half_life: victims
+// come from an ordered set in O(log n). Counts are kept per bundle after eviction, so a bundle
+// that comes back resumes its (decayed) history instead of starting at 1.
 class LfuPolicy final : public EvictionPolicy {
  public:
-  explicit LfuPolicy(uint32_t capacity)
-      : half_life_(std::max<uint64_t>(uint64_t{8} * capacity, 64)), slots_(capacity) {}
+  LfuPolicy(uint32_t capacity, double half_life)
+      : half_life_(half_life), resident_(capacity) {}
   std::string_view name() const override { return "lfu"; }
-  void OnInsert(SlotId slot, const BundleKey&, uint64_t now) override {
-    slots_[slot] = {0.0, now, true};
-  }
-  void OnAccess(SlotId slot, const BundleKey&, uint64_t now) override {
-    Entry& e = slots_[slot];
-    e.count = Decayed(e, now) + 1.0;
-    e.at = now;
-  }
-  void OnRemove(SlotId slot) override { slots_[slot].live = false; }
-  std::optional<SlotId> ChooseVictim(const std::function<bool(SlotId)>& evictable,
-                                     uint64_t now) override {
-    std::optional<SlotId> best;
-    double best_count = 0;
-    uint64_t best_at = 0;
-    for (SlotId s = 0; s < slots_.size(); ++s) {
-      const Entry& e = slots_[s];
-      if (!e.live || !evictable(s)) continue;
-      const double c = Decayed(e, now);
-      if (!best || c < best_count || (c == best_count && e.at < best_at)) {
-        best = s;
-        best_count = c;
-        best_at = e.at;
-      }
-    }
-    return best;
-  }
-
- private:
-  struct Entry {
-    double count = 0;
-    uint64_t at = 0;
-    bool live = false;
-  };
-  double Decayed(const Entry& e, uint64_t now) const {
-    const double halvings = static_cast<double>(now - e.at) / static_cast<double>(half_life_);
-    return e.count * std::exp2(-halvings);
-  }
-  uint64_t half_life_;
-  std::vector<Entry> slots_;
-};
-
-// Layer-cycle aware: every token sweeps the MoE layers in order, so a bundle of layer L is next
-// needed no sooner than when the sweep comes back to L. The victim is the bundle whose layer
-// comes round last, counting one extra sweep for bundles its layer did not use on its latest
-// visit (they are less likely to be reused next time); ties go to the least recently used.
-class CyclePolicy final : public EvictionPolicy {
- public:
-  CyclePolicy(const PolicyModel& model, uint32_t capacity) : slots_(capacity) {
-    for (size_t i = 0; i < model.layers.size(); ++i) position_[model.layers[i]] = i;
-    n_layers_ = std::max<size_t>(model.layers.size(), 1);
-    visits_.assign(n_layers_, 0);
-  }
-  std::string_view name() const override { return "cycle"; }
-  void OnLayer(uint32_t layer, uint64_t) override {
-    current_ = Position(layer);
-    ++visits_[current_];
-  }
   void OnInsert(SlotId slot, const BundleKey& key, uint64_t now) override {
-    slots_[slot] = {Position(key.layer), 0, now, true};
+    OnRemove(slot);
+    if (slot >= resident_.size()) resident_.resize(size_t{slot} + 1);
+    Count& c = history_[key];
+    if (c.tick == kNever) c = Count{0, now};
+    resident_[slot] = Resident{true, key, Key(c)};
+    order_.emplace(resident_[slot].order_key, slot);
   }
-  void OnAccess(SlotId slot, const BundleKey&, uint64_t now) override {
-    Entry& e = slots_[slot];
-    e.visit = visits_[e.pos];
-    e.at = now;
+  void OnAccess(SlotId slot, const BundleKey& key, uint64_t now) override {
+    if (slot >= resident_.size() || !resident_[slot].present) OnInsert(slot, key, now);
+    Count& c = history_[key];
+    c.count = c.count * std::exp2(-static_cast<double>(now - c.tick) / half_life_) + 1.0;
+    c.tick = now;
+    order_.erase({resident_[slot].order_key, slot});
+    resident_[slot].order_key = Key(c);
+    order_.emplace(resident_[slot].order_key, slot);
   }
-  void OnRemove(SlotId slot) override { slots_[slot].live = false; }
+  void OnRemove(SlotId slot) override {
+    if (slot >= resident_.size() || !resident_[slot].present) return;
+    order_.erase({resident_[slot].order_key, slot});
+    resident_[slot].present = false;
+  }
   std::optional<SlotId> ChooseVictim(const std::function<bool(SlotId)>& evictable,
                                      uint64_t) override {
-    std::optional<SlotId> best;
-    uint64_t best_score = 0, best_at = 0;
-    for (SlotId s = 0; s < slots_.size(); ++s) {
-      const Entry& e = slots_[s];
-      if (!e.live || !evictable(s)) continue;
-      uint64_t distance = (e.pos + n_layers_ - current_) % n_layers_;
-      if (distance == 0) distance = n_layers_;  // its layer is now: next use is a sweep away
-      if (e.visit != visits_[e.pos]) distance += n_layers_;
-      if (!best || distance > best_score || (distance == best_score && e.at < best_at)) {
-        best = s;
-        best_score = distance;
-        best_at = e.at;
-      }
+    for (const auto& [key, slot] : order_) {
+      if (evictable(slot)) return slot;
     }
-    return best;
+    return std::nullopt;
   }
 
  private:
-  struct Entry {
-    size_t pos = 0;
-    uint64_t visit = 0;
-    uint64_t at = 0;
-    bool live = false;
+  struct Count {
+    double count = 0;
+    uint64_t tick = kNever;
   };
-  size_t Position(uint32_t layer) const {
-    const auto it = position_.find(layer);
-    return it == position_.end() ? 0 : it->second;
+  struct Resident {
+    bool present = false;
+    BundleKey key;
+    double order_key = 0;
+  };
+  double Key(const Count& c) const {
+    // log2(0) for a bundle inserted but not yet accessed: rank it below everything.
+    const double log_count = c.count > 0 ? std::log2(c.count) : -1e300;
+    return log_count + static_cast<double>(c.tick) / half_life_;
   }
-  absl::flat_hash_map<uint32_t, size_t> position_;
-  size_t n_layers_ = 1;
-  size_t current_ = 0;
-  std::vector<uint64_t> visits_;
-  std::vector<Entry> slots_;
+  double half_life_;
+  absl::flat_hash_map<BundleKey, Count> history_;
+  std::vector<Resident> resident_;
+  std::set<std::pair<double, SlotId>> order_;
 };
 
+
+// Layer-aware policy ("cycle"). Every token sweeps the MoE layers in order, so a bundle of layer
+// L is next needed, at the earliest, when the sweep returns to L: k = (pos(L) - pos(c)) mod n
+// layer steps from the current layer c (n when L is c). The policy estimates, for each resident
+// bundle, the expected number of layer steps until its next use,
+//   T = r * (k + n * F),
+// where F is the expected number of visits of L that pass without using the bundle before one
+// that does, F = sum_j prod_{i<=j} (1 - p_i), from p_j = P(used at the j-th next visit of L), and
+// evicts the bundle with the largest T. The p_j come from tables learned online from outcomes:
+//  * history: (visits of L since the bundle's last use, capped; its decayed use rate) -> P(use);
+//  * token matching: the current token's route so far is matched against the last few hundred
+//    tokens; the tokens that followed the best matches vote on the next tokens' routes (text
+//    repeats, and a token's route across layers identifies it well). A calibration table maps
+//    (tokens ahead, vote, history cell) to P(use), so votes count only as far as they predicted.
+// Beyond `horizon` visits F uses the history hazard alone. r = 1 / (1 - q), q the share of
+// acquires that repeat the previous acquire's layer: a stream dwelling on one layer (prefill
+// acquired token by token) keeps that layer's bundles and ranks the rest as r times further.
+class CyclePolicy final : public EvictionPolicy {
+ public:
+  CyclePolicy(const PolicyModel& model, uint32_t capacity);
+  std::string_view name() const override { return "cycle"; }
+  void OnInsert(SlotId slot, const BundleKey& key, uint64_t now) override;
+  void OnAccess(SlotId slot, const BundleKey& key, uint64_t now) override;
+  void OnRemove(SlotId slot) override;
+  void OnLayer(uint32_t layer, uint64_t now) override;
+  std::optional<SlotId> ChooseVictim(const std::function<bool(SlotId)>& evictable,
+                                     uint64_t now) override;
+
+ private:
+  // Tuned on humaneval_2 and checked on gsm8k_2 and routing_raw (docs/performance.md).
+  static constexpr uint32_t kMaxAge = 3;          // visits since last use, capped
+  // Decayed use rate relative to the base rate (top-k / experts), in half-octave buckets from
+  // 2^-3 up: fine-grained models spread popularity over two orders of magnitude.
+  static constexpr uint32_t kRateBuckets = 14;
+  static constexpr double kRateStepsPerOctave = 2;
+  static constexpr double kRateMinLog2 = -3;
+  static constexpr double kRateDecay = 0.97;      // per visit of the layer
+  static constexpr uint32_t kRingTokens = 256;    // past tokens matched against
+  static constexpr uint32_t kMatches = 0;         // best matches that vote
+  static constexpr uint32_t kHorizon = 4;         // tokens ahead predicted by votes
+  static constexpr uint32_t kVoteLevels = 4;      // vote share quantized to 0..kVoteLevels
+  static constexpr double kPrevTokenWeight = 0.25;  // weight of the previous token's match
+  static constexpr double kPriorWeight = 4;       // pseudo-observations behind each table cell
+  static constexpr double kRepeatAlpha = 1.0 / 16;
+  static constexpr uint32_t kRefresh = 64;        // victim choices between table refreshes
+  static constexpr uint32_t kFullScanLimit = 4096;
+  static constexpr uint32_t kSample = 512;
+  static constexpr uint32_t kCells = (kMaxAge + 1) * kRateBuckets;
+  static constexpr uint32_t kVoteBuckets = kVoteLevels + 2;  // "no vote", 0..kVoteLevels
+
+  struct Bundle {
+    BundleKey key;
+    uint32_t layer_pos = 0;
+    uint64_t last_use_visit = 0;  // visit number of its layer at its last use
+    double count = 0;             // decayed uses, as of `count_visit`
+    uint64_t count_visit = 0;
+    int64_t slot = -1;
+    std::vector<uint64_t> tokens;  // tokens that used it, ascending (pruned to the ring)
+    uint64_t pending_visit = 0;    // the visit whose cells await this bundle's outcome
+    std::vector<uint32_t> pending;  // hazard cell, then calibration cells
+  };
+  struct Layer {
+    uint32_t block = 0;
+    uint64_t visits = 0;
+    uint64_t last_token = kNever;  // the last token that visited it
+    std::vector<uint32_t> bundles;
+  };
+  struct Snapshot {  // votes on token made_at + offset, cast when token made_at ended
+    uint64_t made_at = 0;
+    uint32_t offset = 0;
+    double avail = 0;
+    absl::flat_hash_map<uint32_t, double> weight;  // bundle -> weight of votes for it
+  };
+  struct Match {
+    uint64_t token;
+    double weight;
+  };
+
+  uint32_t LayerPos(uint32_t block);
+  uint32_t BundleIndex(const BundleKey& key);
+  uint32_t HistoryCell(const Bundle& b, uint64_t visits, uint32_t extra_age) const;
+  double Hazard(uint32_t cell) const;
+  double Calibrated(uint32_t offset, int vote, uint32_t cell) const;
+  int Vote(uint32_t bundle, uint32_t offset) const;
+  void EndToken();
+  void RankMatches();
+  void Refresh();
+  double Expected(uint32_t bundle) const;
+  bool UsedBy(const Bundle& b, uint64_t token) const;
+
+  double base_rate_;
+  std::vector<Layer> layers_;  // in visiting order
+  absl::flat_hash_map<uint32_t, uint32_t> pos_of_;
+  std::vector<Bundle> bundles_;
+  absl::flat_hash_map<BundleKey, uint32_t> index_;
+  std::vector<int64_t> slot_bundle_;
+  std::vector<SlotId> resident_;
+  std::vector<uint32_t> resident_at_;
+
+  // Where the sweep is.
+  bool in_token_ = false;
+  uint32_t cur_pos_ = 0;
+  uint64_t visit_id_ = 0;
+  double repeat_ = 0;
+  bool have_prev_layer_ = false;
+  uint32_t prev_layer_ = 0;
+
+  // Token matching.
+  uint64_t cur_token_ = 0;
+  std::vector<uint32_t> cur_route_;
+  std::vector<std::vector<uint32_t>> ring_;  // route of token t at t % kRingTokens
+  std::vector<double> score_, bonus_;        // by token % kRingTokens
+  std::vector<Match> top_;
+  bool top_dirty_ = true;
+  std::deque<Snapshot> snapshots_;
+
+  // Learned tables: hits and observations per cell.
+  std::vector<double> hz_hits_, hz_count_, cal_hits_, cal_count_;
+  std::vector<double> failed_visits_;  // F for a history cell with no votes, per cell
+  uint32_t since_refresh_ = kRefresh;
+  uint64_t rng_ = 0x9e3779b97f4a7c15ULL;
+};
+
+CyclePolicy::CyclePolicy(const PolicyModel& model, uint32_t capacity)
+    : ring_(kRingTokens),
+      score_(kRingTokens, 0),
+      bonus_(kRingTokens, 0),
+      hz_hits_(kCells),
+      hz_count_(kCells, kPriorWeight),
+      cal_hits_(size_t{kHorizon} * kVoteBuckets * kCells, 0),
+      cal_count_(size_t{kHorizon} * kVoteBuckets * kCells, 0),
+      failed_visits_(kCells, 0) {
+  base_rate_ = model.n_expert > 0 && model.n_expert_used > 0
+                   ? std::min(1.0, double(model.n_expert_used) / model.n_expert)
+                   : 0.25;
+  std::fill(hz_hits_.begin(), hz_hits_.end(), base_rate_ * kPriorWeight);
+  for (uint32_t block : model.layers) LayerPos(block);
+  slot_bundle_.assign(capacity, -1);
+  resident_at_.assign(capacity, 0);
+}
+
+uint32_t CyclePolicy::LayerPos(uint32_t block) {
+  if (const auto it = pos_of_.find(block); it != pos_of_.end()) return it->second;
+  // A layer the model did not list: keep block order (rare; positions of later layers shift).
+  const auto at = std::lower_bound(layers_.begin(), layers_.end(), block,
+                                   [](const Layer& l, uint32_t b) { return l.block < b; });
+  Layer layer;
+  layer.block = block;
+  layers_.insert(at, std::move(layer));
+  pos_of_.clear();
+  for (uint32_t i = 0; i < layers_.size(); ++i) pos_of_[layers_[i].block] = i;
+  for (Bundle& b : bundles_) b.layer_pos = pos_of_[b.key.layer];
+  return pos_of_[block];
+}
+
+uint32_t CyclePolicy::BundleIndex(const BundleKey& key) {
+  const auto [it, inserted] = index_.try_emplace(key, static_cast<uint32_t>(bundles_.size()));
+  if (inserted) {
+    Bundle b;
+    b.key = key;
+    b.layer_pos = LayerPos(key.layer);
+    bundles_.push_back(std::move(b));
+    layers_[bundles_.back().layer_pos].bundles.push_back(it->second);
+  }
+  return it->second;
+}
+
+// History cell of a bundle as seen from its layer's visit number `visits` + 1: visits since its
+// last use (0 = used at visit `visits`) and its decayed use rate relative to the base rate.
+uint32_t CyclePolicy::HistoryCell(const Bundle& b, uint64_t visits, uint32_t extra_age) const {
+  const uint64_t age = std::min<uint64_t>(visits - b.last_use_visit + extra_age, kMaxAge);
+  const double rate = b.count * std::pow(kRateDecay, double(visits - b.count_visit)) *
+                      (1 - kRateDecay) / base_rate_;
+  const double step = rate > 0 ? (std::log2(rate) - kRateMinLog2) * kRateStepsPerOctave : 0;
+  const auto bucket = static_cast<uint32_t>(std::clamp(step, 0.0, double(kRateBuckets - 1)));
+  return static_cast<uint32_t>(age) * kRateBuckets + bucket;
+}
+
+double CyclePolicy::Hazard(uint32_t cell) const {
+  return std::clamp(hz_hits_[cell] / hz_count_[cell], 1e-3, 1.0);
+}
+
+double CyclePolicy::Calibrated(uint32_t offset, int vote, uint32_t cell) const {
+  const size_t i = (size_t{offset - 1} * kVoteBuckets + (vote + 1)) * kCells + cell;
+  return std::clamp((cal_hits_[i] + Hazard(cell) * kPriorWeight) / (cal_count_[i] + kPriorWeight),
+                    1e-3, 1.0);
+}
+
+bool CyclePolicy::UsedBy(const Bundle& b, uint64_t token) const {
+  return std::binary_search(b.tokens.begin(), b.tokens.end(), token);
+}
+
+// Vote of the best matches on whether `bundle` is used by the token `offset` tokens after the
+// one each match stands for: -1 when no match has such a token yet, else the weighted share
+// quantized to 0..kVoteLevels.
+int CyclePolicy::Vote(uint32_t bundle, uint32_t offset) const {
+  const Bundle& b = bundles_[bundle];
+  double yes = 0, avail = 0;
+  for (const Match& m : top_) {
+    const uint64_t t = m.token + offset;
+    if (t < cur_token_) {
+      avail += m.weight;
+      if (UsedBy(b, t)) yes += m.weight;
+    } else if (t == cur_token_ && layers_[b.layer_pos].last_token == cur_token_) {
+      avail += m.weight;
+      if (!b.tokens.empty() && b.tokens.back() == cur_token_) yes += m.weight;
+    }
+  }
+  if (avail == 0) return -1;
+  return static_cast<int>(std::lround(yes / avail * kVoteLevels));
+}
+
+// The best kMatches past tokens by similarity of their route to the current token's route so far
+// (plus a share of the previous tokens' similarity), most recent first among equals. Weights are
+// the margin over the first token left out, so clear winners count more.
+void CyclePolicy::RankMatches() {
+  top_dirty_ = false;
+  top_.clear();
+  const uint64_t oldest = cur_token_ > kRingTokens ? cur_token_ - kRingTokens : 0;
+  std::vector<Match> all;
+  for (uint64_t t = oldest; t < cur_token_; ++t) {
+    const size_t i = t % kRingTokens;
+    all.push_back(Match{t, score_[i] + kPrevTokenWeight * bonus_[i]});
+  }
+  const size_t keep = std::min<size_t>(kMatches + 1, all.size());
+  std::partial_sort(all.begin(), all.begin() + keep, all.end(), [](const Match& a, const Match& b) {
+    return a.weight != b.weight ? a.weight > b.weight : a.token > b.token;
+  });
+  const double floor = all.size() > kMatches ? all[kMatches].weight : 0;
+  for (size_t i = 0; i < std::min<size_t>(kMatches, all.size()); ++i) {
+    top_.push_back(Match{all[i].token, all[i].weight - floor + 1});
+  }
+}
+
+// The current token's sweep is over: cast its votes on the next kHorizon tokens (for the
+// calibration tables), and make it a match candidate.
+void CyclePolicy::EndToken() {
+  RankMatches();
+  for (uint32_t offset = 1; offset <= kHorizon; ++offset) {
+    Snapshot snap{cur_token_, offset, 0, {}};
+    for (const Match& m : top_) {
+      const uint64_t t = m.token + offset;
+      if (t > cur_token_) continue;
+      snap.avail += m.weight;
+      const std::vector<uint32_t>& route = t == cur_token_ ? cur_route_ : ring_[t % kRingTokens];
+      for (uint32_t b : route) snap.weight[b] += m.weight;
+    }
+    snapshots_.push_back(std::move(snap));
+  }
+  while (!snapshots_.empty() && snapshots_.front().made_at + kHorizon <= cur_token_) {
+    snapshots_.pop_front();
+  }
+  // A candidate's bonus is how well its predecessor matched the token that just ended.
+  std::vector<double> bonus(kRingTokens, 0);
+  const uint64_t oldest = cur_token_ > kRingTokens ? cur_token_ - kRingTokens : 0;
+  for (uint64_t t = oldest; t < cur_token_; ++t) bonus[(t + 1) % kRingTokens] = score_[t % kRingTokens];
+  bonus_ = std::move(bonus);
+  ring_[cur_token_ % kRingTokens] = std::move(cur_route_);
+  cur_route_.clear();
+  std::fill(score_.begin(), score_.end(), 0);
+  ++cur_token_;
+  top_dirty_ = true;
+}
+
+void CyclePolicy::OnLayer(uint32_t layer, uint64_t) {
+  const uint32_t pos = LayerPos(layer);
+  const bool same = have_prev_layer_ && layer == prev_layer_;
+  repeat_ += kRepeatAlpha * ((same ? 1.0 : 0.0) - repeat_);
+  have_prev_layer_ = true;
+  prev_layer_ = layer;
+  if (in_token_ && pos <= cur_pos_) EndToken();
+  in_token_ = true;
+  cur_pos_ = pos;
+  ++visit_id_;
+  Layer& l = layers_[pos];
+  ++l.visits;
+  l.last_token = cur_token_;
+  // Open this visit's observations: every known bundle of the layer is a trial of its history
+  // cell and of each vote cast on this token; OnAccess records the successes.
+  for (uint32_t bi : l.bundles) {
+    Bundle& b = bundles_[bi];
+    const uint32_t cell = HistoryCell(b, l.visits - 1, 0);
+    b.pending_visit = visit_id_;
+    b.pending.assign(1, cell);
+    hz_count_[cell] += 1;
+    for (const Snapshot& s : snapshots_) {
+      if (s.made_at + s.offset != cur_token_) continue;
+      int vote = -1;
+      if (s.avail > 0) {
+        const auto it = s.weight.find(bi);
+        const double yes = it == s.weight.end() ? 0 : it->second;
+        vote = static_cast<int>(std::lround(yes / s.avail * kVoteLevels));
+      }
+      const uint32_t i = (uint32_t{s.offset - 1} * kVoteBuckets + (vote + 1)) * kCells + cell;
+      cal_count_[i] += 1;
+      b.pending.push_back(i);
+    }
+  }
+}
+
+void CyclePolicy::OnInsert(SlotId slot, const BundleKey& key, uint64_t) {
+  OnRemove(slot);
+  if (slot >= slot_bundle_.size()) {
+    slot_bundle_.resize(size_t{slot} + 1, -1);
+    resident_at_.resize(size_t{slot} + 1, 0);
+  }
+  const uint32_t bi = BundleIndex(key);
+  bundles_[bi].slot = slot;
+  slot_bundle_[slot] = bi;
+  resident_at_[slot] = static_cast<uint32_t>(resident_.size());
+  resident_.push_back(slot);
+}
+
+void CyclePolicy::OnRemove(SlotId slot) {
+  if (slot >= slot_bundle_.size() || slot_bundle_[slot] < 0) return;
+  bundles_[slot_bundle_[slot]].slot = -1;
+  slot_bundle_[slot] = -1;
+  const uint32_t at = resident_at_[slot];
+  resident_[at] = resident_.back();
+  resident_at_[resident_[at]] = at;
+  resident_.pop_back();
+}
+
+void CyclePolicy::OnAccess(SlotId slot, const BundleKey& key, uint64_t now) {
+  if (slot >= slot_bundle_.size() || slot_bundle_[slot] < 0 ||
+      bundles_[slot_bundle_[slot]].key != key) {
+    OnInsert(slot, key, now);
+  }
+  if (!in_token_ || LayerPos(key.layer) != cur_pos_) OnLayer(key.layer, now);
+  const uint32_t bi = static_cast<uint32_t>(slot_bundle_[slot]);
+  Bundle& b = bundles_[bi];
+  const uint64_t visits = layers_[b.layer_pos].visits;
+  if (b.pending_visit == visit_id_) {  // first use in this visit: a success for its cells
+    hz_hits_[b.pending[0]] += 1;
+    for (size_t i = 1; i < b.pending.size(); ++i) cal_hits_[b.pending[i]] += 1;
+    b.pending_visit = 0;
+  }
+  if (b.count == 0 || b.last_use_visit != visits) {
+    b.count = b.count * std::pow(kRateDecay, double(visits - b.count_visit)) + 1;
+    b.count_visit = visits;
+    b.last_use_visit = visits;
+  }
+  if (b.tokens.empty() || b.tokens.back() != cur_token_) {
+    // Every ring token that also used this bundle matches the current token a little better.
+    const uint64_t oldest = cur_token_ > kRingTokens ? cur_token_ - kRingTokens : 0;
+    for (auto it = b.tokens.rbegin(); it != b.tokens.rend() && *it >= oldest; ++it) {
+      score_[*it % kRingTokens] += 1;
+    }
+    if (!b.tokens.empty() && b.tokens.front() < oldest && b.tokens.size() >= 64) {
+      b.tokens.erase(b.tokens.begin(),
+                     std::lower_bound(b.tokens.begin(), b.tokens.end(), oldest));
+    }
+    b.tokens.push_back(cur_token_);
+    cur_route_.push_back(bi);
+    top_dirty_ = true;
+  }
+}
+
+// F per history cell when no votes are known: F(a) = (1 - h(a)) (1 + F(a + 1)), and for the
+// capped age the geometric closed form (1 - h) / h.
+void CyclePolicy::Refresh() {
+  since_refresh_ = 0;
+  for (uint32_t rate = 0; rate < kRateBuckets; ++rate) {
+    double f = 0;
+    for (int age = kMaxAge; age >= 0; --age) {
+      const uint32_t cell = static_cast<uint32_t>(age) * kRateBuckets + rate;
+      const double h = Hazard(cell);
+      f = age == static_cast<int>(kMaxAge) ? (1 - h) / h : (1 - h) * (1 + f);
+      failed_visits_[cell] = f;
+    }
+  }
+}
+
+double CyclePolicy::Expected(uint32_t bi) const {
+  const Bundle& b = bundles_[bi];
+  const uint32_t n = static_cast<uint32_t>(layers_.size());
+  const uint64_t visits = layers_[b.layer_pos].visits;
+  if (repeat_ >= 0.5 && b.layer_pos == cur_pos_) {
+    return 1 + failed_visits_[HistoryCell(b, visits, 0)];
+  }
+  const uint32_t k = b.layer_pos > cur_pos_ ? b.layer_pos - cur_pos_ : b.layer_pos + n - cur_pos_;
+  const uint32_t first_offset = b.layer_pos > cur_pos_ ? 0 : 1;  // next visit: this token or next
+  double failed = 0, survive = 1;
+  for (uint32_t j = 0;; ++j) {
+    const uint32_t offset = first_offset + j;
+    const uint32_t cell = HistoryCell(b, visits, j);
+    if (offset > kHorizon) {
+      failed += survive * failed_visits_[cell];
+      break;
+    }
+    const double p = offset == 0 ? Hazard(cell) : Calibrated(offset, Vote(bi, offset), cell);
+    failed += survive * (1 - p);
+    survive *= 1 - p;
+  }
+  const double spread = 1 / (1 - std::min(repeat_, 0.99));
+  return spread * (k + double(n) * failed);
+}
+
+std::optional<SlotId> CyclePolicy::ChooseVictim(const std::function<bool(SlotId)>& evictable,
+                                                uint64_t) {
+  if (resident_.empty()) return std::nullopt;
+  if (since_refresh_++ >= kRefresh) Refresh();
+  if (top_dirty_) RankMatches();
+  std::optional<SlotId> best;
+  double best_t = -1;
+  const auto consider = [&](SlotId slot) {
+    if (!evictable(slot)) return;
+    const double t = Expected(static_cast<uint32_t>(slot_bundle_[slot]));
+    if (t > best_t || (t == best_t && slot < *best)) best = slot, best_t = t;
+  };
+  if (resident_.size() > kFullScanLimit) {
+    // Large pools: the best of a deterministic sample (xorshift), O(kSample) per eviction.
+    for (uint32_t i = 0; i < kSample; ++i) {
+      rng_ ^= rng_ << 13, rng_ ^= rng_ >> 7, rng_ ^= rng_ << 17;
+      consider(resident_[rng_ % resident_.size()]);
+    }
+    if (best) return best;
+  }
+  for (SlotId slot = 0; slot < slot_bundle_.size(); ++slot) {
+    if (slot_bundle_[slot] >= 0) consider(slot);
+  }
+  return best;
+}
 }  // namespace
 
-std::span<const std::string_view> EvictionPolicyNames() { return kNames; }
+std::span<const std::string_view> EvictionPolicyNames() { return kPolicyNames; }
 
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name,
                                                                    const PolicyModel& model,
                                                                    uint32_t capacity) {
   if (name == "lru") return std::make_unique<LruPolicy>(capacity);
-  if (name == "lfu") return std::make_unique<LfuPolicy>(capacity);
+  if (name == "lfu") {
+    // Half-life in accesses: long enough to tell hot from cold bundles (about four pool
+    // turnovers), short enough to follow a change of workload.
+    return std::make_unique<LfuPolicy>(capacity, 4.0 * std::max<uint32_t>(capacity, 1));
+  }
   if (name == "cycle") return std::make_unique<CyclePolicy>(model, capacity);
-  std::vector<std::string> names(std::begin(kNames), std::end(kNames));
-  return absl::InvalidArgumentError(absl::StrCat("unknown eviction policy '", AV(name),
-                                                 "'; choose one of ", absl::StrJoin(names, ", ")));
+  std::string valid;
+  for (std::string_view n : kPolicyNames) absl::StrAppend(&valid, valid.empty() ? "" : ", ", AV(n));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown eviction policy '", AV(name), "': use one of ", valid));
 }
 
 }  // namespace expertd

@@ -93,10 +93,12 @@ absl::StatusOr<std::vector<SlotGrant>> SlotPool::Acquire(uint32_t layer,
       slot.key = key;
       slot.state = SlotState::kFilling;
       ++slot.generation;
+      slot.granted_before = slot.last_granted;
       where_[key] = *s;
       policy_->OnInsert(*s, key, now_);
       g.slot = *s;
       g.needs_fill = true;
+      g.wait_done = slot.last_granted;
       ++delta.misses;
     }
     Slot& slot = slots_[g.slot];
@@ -106,6 +108,8 @@ absl::StatusOr<std::vector<SlotGrant>> SlotPool::Acquire(uint32_t layer,
     policy_->OnAccess(g.slot, key, now_);
     grants.push_back(g);
   }
+  // Only now that the acquire succeeded do its generations count as handed out.
+  for (const SlotGrant& g : grants) slots_[g.slot].last_granted = g.generation;
   stats_.accesses += delta.accesses;
   stats_.hits += delta.hits;
   stats_.joins += delta.joins;
@@ -128,10 +132,15 @@ std::optional<SlotGrant> SlotPool::Prefetch(const BundleKey& key) {
   ++slot.generation;
   slot.prefetched_unused = true;
   slot.last_access = now_;
+  slot.granted_before = slot.last_granted;
   where_[key] = *s;
   policy_->OnInsert(*s, key, now_);
   ++stats_.prefetch_issued;
-  return SlotGrant{.key = key, .slot = *s, .generation = slot.generation, .needs_fill = true};
+  return SlotGrant{.key = key,
+                   .slot = *s,
+                   .generation = slot.generation,
+                   .needs_fill = true,
+                   .wait_done = slot.last_granted};
 }
 
 void SlotPool::FillDone(SlotId s, uint64_t generation, bool ok) {
@@ -143,6 +152,8 @@ void SlotPool::FillDone(SlotId s, uint64_t generation, bool ok) {
     return;
   }
   ++stats_.fill_errors;
+  // Nobody can read a failed occupant: the next copy waits only for the readers before it.
+  slot.last_granted = slot.granted_before;
   where_.erase(slot.key);
   policy_->OnRemove(s);
   if (slot.prefetched_unused) ++stats_.prefetch_wasted;

@@ -47,6 +47,10 @@ struct SlotGrant {
   // the bundle is resident (a hit) or already being filled by someone else (wait for its fill).
   bool needs_fill = false;
   bool hit = false;  // resident when looked up
+  // With needs_fill: the newest generation of this slot's earlier occupants that any acquire
+  // was granted (0: none). The copy into the slot must wait until the slot's done fence reached
+  // it — the last reader of what is being overwritten has finished.
+  uint64_t wait_done = 0;
 };
 
 struct SlotPoolStats {
@@ -102,6 +106,8 @@ class SlotPool {
     uint32_t leases = 0;
     uint64_t last_access = 0;
     bool prefetched_unused = false;
+    uint64_t last_granted = 0;    // newest generation an acquire of this slot returned
+    uint64_t granted_before = 0;  // last_granted when the current occupant moved in
   };
 
   // A slot for a new occupant: a free one, else the policy's victim among evictable slots.

@@ -125,6 +125,40 @@ TEST(SlotPool, FillingSlotsAreNotEvicted) {
   EXPECT_TRUE(pool->Acquire(0, Keys(0, {1})).ok());
 }
 
+// A fill must wait only for the readers of what it overwrites: the previous occupants' newest
+// granted generation — never its own, even when another acquire joined it first.
+TEST(SlotPool, WaitDoneNamesThePreviousOccupantsLastGrant) {
+  auto pool = Pool(1);
+  auto a = pool->Acquire(0, Keys(0, {0}));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ((*a)[0].wait_done, 0u);  // an empty slot: nothing to wait for
+  auto join = pool->Acquire(0, Keys(0, {0}));
+  ASSERT_TRUE(join.ok());
+  FillAll(*pool, *a);
+  pool->Release(Slots(*a));
+  pool->Release(Slots(*join));
+  auto b = pool->Acquire(0, Keys(0, {1}));  // evicts generation 1
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*b)[0].generation, 2u);
+  EXPECT_EQ((*b)[0].wait_done, 1u);
+  auto b2 = pool->Acquire(0, Keys(0, {1}));  // joins generation 2 before its fill started
+  ASSERT_TRUE(b2.ok());
+  EXPECT_EQ((*b)[0].wait_done, 1u);
+  // A failed fill is never read: the next occupant waits for generation 1 again, not 2.
+  pool->FillDone((*b)[0].slot, (*b)[0].generation, false);
+  pool->Release(Slots(*b));
+  pool->Release(Slots(*b2));
+  auto c = pool->Acquire(0, Keys(0, {2}));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)[0].wait_done, 1u);
+  // A prefetched occupant that nobody acquired adds nothing to wait for.
+  FillAll(*pool, *c);
+  pool->Release(Slots(*c));
+  auto d = pool->Acquire(0, Keys(0, {3}));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ((*d)[0].wait_done, (*c)[0].generation);
+}
+
 TEST(SlotPool, TooManyBundlesForThePool) {
   auto pool = Pool(3);
   const auto r = pool->Acquire(0, Keys(0, {0, 1, 2, 3}));
