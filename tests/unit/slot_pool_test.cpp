@@ -151,7 +151,7 @@ TEST(SlotPool, WaitDoneNamesThePreviousOccupantsLastGrant) {
   auto c = pool->Acquire(0, Keys(0, {2}));
   ASSERT_TRUE(c.ok());
   EXPECT_EQ((*c)[0].wait_done, 1u);
-  // A prefetched occupant that nobody acquired adds nothing to wait for.
+  // The acquired occupant generation is what the next fill waits for.
   FillAll(*pool, *c);
   pool->Release(Slots(*c));
   auto d = pool->Acquire(0, Keys(0, {3}));
