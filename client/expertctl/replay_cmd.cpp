@@ -1,7 +1,7 @@
 // expertctl replay --trace T.jsonl --policy P (--capacity N | --capacity-fraction F) [--json]
 // Replays a route trace through a simulated slot pool (one global pool of N bundles, demand
 // fills only) and reports its hit rate; `--policy belady` is the offline optimum, `--policy all`
-// runs every policy and Belady. The real engine (--model / --gguf) is not wired in yet.
+// runs every policy and Belady. With --model / --gguf the trace goes through the real engine.
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -15,6 +15,7 @@
 #include "engine/policy_sim.h"
 #include "format/route_trace.h"
 #include "model_args.h"
+#include "replay_model.h"
 #include "util/status.h"
 
 namespace expertd::ctl {
@@ -28,6 +29,11 @@ struct ReplayArgs {
   std::string predictor = "none";
   std::string model;
   std::vector<std::string> ggufs;
+  // Engine replay only (with --model / --gguf).
+  std::string index;
+  std::string v1_q_pack;
+  std::string read_method = "pread";
+  uint32_t reader_threads = 2;
   bool json = false;
 };
 
@@ -66,14 +72,10 @@ absl::StatusOr<uint32_t> Capacity(const ReplayArgs& a, const AccessTrace& trace)
 }
 
 absl::Status Run(const ReplayArgs& a) {
-  if (!a.model.empty() || !a.ggufs.empty()) {
-    return absl::UnimplementedError(
-        "replay through the engine (--model / --gguf) is not supported yet; without them the "
-        "trace is replayed through a simulated pool");
-  }
   if (a.predictor != "none") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--predictor '", a.predictor, "' is not supported yet: use none"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--predictor '", a.predictor,
+        "' needs the engine (--model or --gguf); the simulation replays demand only"));
   }
   std::vector<std::string> policies;
   if (a.policy == "all") {
@@ -134,10 +136,36 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
                   "Pool size as a fraction of the trace's distinct (layer, expert) bundles");
   cmd->add_option("--predictor", a->predictor, "Route predictor (only none for now)")
       ->capture_default_str();
-  cmd->add_option("--model", a->model, "Replay through the engine with this model (not yet)");
-  cmd->add_option("--gguf", a->ggufs, "Replay through the engine with this GGUF (not yet)");
+  cmd->add_option("--model", a->model,
+                  "Replay through the real engine (host device) with the model in this folder");
+  cmd->add_option("--gguf", a->ggufs, "Replay through the real engine with this GGUF (any shard)");
+  cmd->add_option("--index", a->index, "Engine replay: index overlay");
+  cmd->add_option("--v1-q-pack", a->v1_q_pack, "Engine replay: the Q pack of a v1 index");
+  cmd->add_option("--read-method", a->read_method, "Engine replay: pread, direct or mmap")
+      ->capture_default_str();
+  cmd->add_option("--reader-threads", a->reader_threads,
+                  "Engine replay: reader threads per source group")
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([a, exit_code] {
+    if (!a->model.empty() || !a->ggufs.empty()) {
+      // The real engine: reads, copies and verifies every granted bundle (replay_model.h).
+      ReplayModelArgs m;
+      m.trace = a->trace;
+      m.model_dir = a->model;
+      m.gguf = a->ggufs.empty() ? "" : a->ggufs.front();
+      m.index = a->index;
+      m.v1_q_pack = a->v1_q_pack;
+      m.policy = a->policy;
+      m.predictor = a->predictor;
+      m.read_method = a->read_method;
+      m.capacity = a->capacity;
+      m.capacity_fraction = a->capacity_fraction;
+      m.reader_threads = a->reader_threads;
+      m.json = a->json;
+      *exit_code = RunReplayWithModel(m);
+      return;
+    }
     const absl::Status st = Run(*a);
     if (!st.ok()) PrintError("replay", st);
     *exit_code = st.ok() ? 0 : 2;

@@ -32,8 +32,13 @@ j = json.load(open(sys.argv[1])); method, predictor = sys.argv[2:]
 assert j["accesses"] == 1920, j["accesses"]
 assert j["verified"] == 1920 and j["mismatches"] == 0 and j["errors"] == 0, j
 assert 0 < j["hits"] < j["accesses"], j
-# Every fill reads its bundle once and copies it once.
-assert j["bytes_copied"] > 0 and j["bytes_read"] == j["bytes_copied"], j
+# Every fill reads its bundle once and copies it once (prefetches may still be between their read
+# and their copy when the replay reports).
+assert j["bytes_copied"] > 0, j
+if predictor == "none":
+    assert j["bytes_read"] == j["bytes_copied"], j
+else:
+    assert j["bytes_read"] >= j["bytes_copied"], j
 if predictor == "history":
     assert j["prefetch_issued"] > 0, j
 else:
