@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -151,17 +152,18 @@ class CyclePolicy final : public EvictionPolicy {
   static constexpr uint32_t kRateBuckets = 14;
   static constexpr double kRateStepsPerOctave = 2;
   static constexpr double kRateMinLog2 = -3;
-  static constexpr double kRateDecay = 0.97;      // per visit of the layer
+  static constexpr double kRateDecay = 0.985;     // per visit of the layer
   static constexpr uint32_t kRingTokens = 256;    // past tokens matched against
-  static constexpr uint32_t kMatches = 0;         // best matches that vote
+  static constexpr uint32_t kMatches = 5;         // best matches that vote
   static constexpr uint32_t kHorizon = 4;         // tokens ahead predicted by votes
   static constexpr uint32_t kVoteLevels = 4;      // vote share quantized to 0..kVoteLevels
   static constexpr double kPrevTokenWeight = 0.25;  // weight of the previous token's match
   static constexpr double kPriorWeight = 4;       // pseudo-observations behind each table cell
   static constexpr double kRepeatAlpha = 1.0 / 16;
   static constexpr uint32_t kRefresh = 64;        // victim choices between table refreshes
-  static constexpr uint32_t kFullScanLimit = 4096;
-  static constexpr uint32_t kSample = 512;
+  static constexpr bool kIndex = true;
+  static constexpr uint32_t kFullScanLimit = 1024;
+  static constexpr uint32_t kSample = 256;
   static constexpr uint32_t kCells = (kMaxAge + 1) * kRateBuckets;
   static constexpr uint32_t kVoteBuckets = kVoteLevels + 2;  // "no vote", 0..kVoteLevels
 
@@ -170,6 +172,7 @@ class CyclePolicy final : public EvictionPolicy {
     uint32_t layer_pos = 0;
     uint64_t last_use_visit = 0;  // visit number of its layer at its last use
     double count = 0;             // decayed uses, as of `count_visit`
+    double log2_count = -1e9;     // log2(count)
     uint64_t count_visit = 0;
     int64_t slot = -1;
     std::vector<uint64_t> tokens;  // tokens that used it, ascending (pruned to the ring)
@@ -206,6 +209,8 @@ class CyclePolicy final : public EvictionPolicy {
   bool UsedBy(const Bundle& b, uint64_t token) const;
 
   double base_rate_;
+  double log2_decay_ = std::log2(kRateDecay);
+  double rate_offset_ = 0;  // log2((1 - kRateDecay) / base_rate_) - kRateMinLog2
   std::vector<Layer> layers_;  // in visiting order
   absl::flat_hash_map<uint32_t, uint32_t> pos_of_;
   std::vector<Bundle> bundles_;
@@ -228,6 +233,8 @@ class CyclePolicy final : public EvictionPolicy {
   std::vector<std::vector<uint32_t>> ring_;  // route of token t at t % kRingTokens
   std::vector<double> score_, bonus_;        // by token % kRingTokens
   std::vector<Match> top_;
+  std::array<double, kHorizon + 1> avail_past_{}, avail_current_{};  // by offset
+  uint64_t first_voter_ = 0;  // the earliest token any match votes with
   bool top_dirty_ = true;
   std::deque<Snapshot> snapshots_;
 
@@ -251,6 +258,7 @@ CyclePolicy::CyclePolicy(const PolicyModel& model, uint32_t capacity)
                    ? std::min(1.0, double(model.n_expert_used) / model.n_expert)
                    : 0.25;
   std::fill(hz_hits_.begin(), hz_hits_.end(), base_rate_ * kPriorWeight);
+  rate_offset_ = std::log2((1 - kRateDecay) / base_rate_) - kRateMinLog2;
   for (uint32_t block : model.layers) LayerPos(block);
   slot_bundle_.assign(capacity, -1);
   resident_at_.assign(capacity, 0);
@@ -286,9 +294,10 @@ uint32_t CyclePolicy::BundleIndex(const BundleKey& key) {
 // last use (0 = used at visit `visits`) and its decayed use rate relative to the base rate.
 uint32_t CyclePolicy::HistoryCell(const Bundle& b, uint64_t visits, uint32_t extra_age) const {
   const uint64_t age = std::min<uint64_t>(visits - b.last_use_visit + extra_age, kMaxAge);
-  const double rate = b.count * std::pow(kRateDecay, double(visits - b.count_visit)) *
-                      (1 - kRateDecay) / base_rate_;
-  const double step = rate > 0 ? (std::log2(rate) - kRateMinLog2) * kRateStepsPerOctave : 0;
+  // log2 of the rate, in half octaves above 2^kRateMinLog2: no pow/log on this path.
+  const double step =
+      (b.log2_count + double(visits - b.count_visit) * log2_decay_ + rate_offset_) *
+      kRateStepsPerOctave;
   const auto bucket = static_cast<uint32_t>(std::clamp(step, 0.0, double(kRateBuckets - 1)));
   return static_cast<uint32_t>(age) * kRateBuckets + bucket;
 }
@@ -312,18 +321,20 @@ bool CyclePolicy::UsedBy(const Bundle& b, uint64_t token) const {
 // quantized to 0..kVoteLevels.
 int CyclePolicy::Vote(uint32_t bundle, uint32_t offset) const {
   const Bundle& b = bundles_[bundle];
-  double yes = 0, avail = 0;
+  const bool layer_seen = layers_[b.layer_pos].last_token == cur_token_;
+  const double avail = avail_past_[offset] + (layer_seen ? avail_current_[offset] : 0);
+  if (avail == 0) return -1;
+  // Most bundles of a large pool were last used before every voting token: no search.
+  if (b.tokens.empty() || b.tokens.back() < first_voter_) return 0;
+  double yes = 0;
   for (const Match& m : top_) {
     const uint64_t t = m.token + offset;
     if (t < cur_token_) {
-      avail += m.weight;
       if (UsedBy(b, t)) yes += m.weight;
-    } else if (t == cur_token_ && layers_[b.layer_pos].last_token == cur_token_) {
-      avail += m.weight;
-      if (!b.tokens.empty() && b.tokens.back() == cur_token_) yes += m.weight;
+    } else if (t == cur_token_ && layer_seen && b.tokens.back() == cur_token_) {
+      yes += m.weight;
     }
   }
-  if (avail == 0) return -1;
   return static_cast<int>(std::lround(yes / avail * kVoteLevels));
 }
 
@@ -346,6 +357,18 @@ void CyclePolicy::RankMatches() {
   const double floor = all.size() > kMatches ? all[kMatches].weight : 0;
   for (size_t i = 0; i < std::min<size_t>(kMatches, all.size()); ++i) {
     top_.push_back(Match{all[i].token, all[i].weight - floor + 1});
+  }
+  // Vote weight available per offset: from past tokens, and from the current token (which
+  // counts only for layers it has visited).
+  std::fill(avail_past_.begin(), avail_past_.end(), 0);
+  std::fill(avail_current_.begin(), avail_current_.end(), 0);
+  first_voter_ = cur_token_ + 1;
+  for (const Match& m : top_) {
+    first_voter_ = std::min(first_voter_, m.token + 1);
+    for (uint32_t offset = 1; offset <= kHorizon; ++offset) {
+      if (m.token + offset < cur_token_) avail_past_[offset] += m.weight;
+      if (m.token + offset == cur_token_) avail_current_[offset] += m.weight;
+    }
   }
 }
 
@@ -454,6 +477,7 @@ void CyclePolicy::OnAccess(SlotId slot, const BundleKey& key, uint64_t now) {
   }
   if (b.count == 0 || b.last_use_visit != visits) {
     b.count = b.count * std::pow(kRateDecay, double(visits - b.count_visit)) + 1;
+    b.log2_count = std::log2(b.count);
     b.count_visit = visits;
     b.last_use_visit = visits;
   }
@@ -497,20 +521,26 @@ double CyclePolicy::Expected(uint32_t bi) const {
   }
   const uint32_t k = b.layer_pos > cur_pos_ ? b.layer_pos - cur_pos_ : b.layer_pos + n - cur_pos_;
   const uint32_t first_offset = b.layer_pos > cur_pos_ ? 0 : 1;  // next visit: this token or next
-  double failed = 0, survive = 1;
+  // Visit i of L comes k + n * i steps from now. Keeping the bundle up to its first use or for
+  // at most j visits costs E_j slot-steps and earns P_j hits; the bundle is worth its best
+  // hits per slot-step over j (to the end: E[time to next use]). Returned inverted, so larger
+  // is a better victim.
+  double survive = 1, time_if_used = 0, best = std::numeric_limits<double>::infinity();
   for (uint32_t j = 0;; ++j) {
     const uint32_t offset = first_offset + j;
     const uint32_t cell = HistoryCell(b, visits, j);
+    const double at = k + double(n) * j;
     if (offset > kHorizon) {
-      failed += survive * failed_visits_[cell];
+      best = std::min(best, time_if_used + survive * (at + double(n) * failed_visits_[cell]));
       break;
     }
     const double p = offset == 0 ? Hazard(cell) : Calibrated(offset, Vote(bi, offset), cell);
-    failed += survive * (1 - p);
+    time_if_used += survive * p * at;
     survive *= 1 - p;
+    if (kIndex) best = std::min(best, (time_if_used + survive * at) / (1 - survive));
   }
   const double spread = 1 / (1 - std::min(repeat_, 0.99));
-  return spread * (k + double(n) * failed);
+  return spread * best;
 }
 
 std::optional<SlotId> CyclePolicy::ChooseVictim(const std::function<bool(SlotId)>& evictable,
