@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <deque>
 #include <limits>
@@ -62,8 +63,7 @@ class LruPolicy final : public EvictionPolicy {
 // that comes back resumes its (decayed) history instead of starting at 1.
 class LfuPolicy final : public EvictionPolicy {
  public:
-  LfuPolicy(uint32_t capacity, double half_life)
-      : half_life_(half_life), resident_(capacity) {}
+  LfuPolicy(uint32_t capacity, double half_life) : half_life_(half_life), resident_(capacity) {}
   std::string_view name() const override { return "lfu"; }
   void OnInsert(SlotId slot, const BundleKey& key, uint64_t now) override {
     OnRemove(slot);
@@ -116,23 +116,28 @@ class LfuPolicy final : public EvictionPolicy {
   std::set<std::pair<double, SlotId>> order_;
 };
 
-
-// Layer-aware policy ("cycle"). Every token sweeps the MoE layers in order, so a bundle of layer
-// L is next needed, at the earliest, when the sweep returns to L: k = (pos(L) - pos(c)) mod n
-// layer steps from the current layer c (n when L is c). The policy estimates, for each resident
-// bundle, the expected number of layer steps until its next use,
-//   T = r * (k + n * F),
-// where F is the expected number of visits of L that pass without using the bundle before one
-// that does, F = sum_j prod_{i<=j} (1 - p_i), from p_j = P(used at the j-th next visit of L), and
-// evicts the bundle with the largest T. The p_j come from tables learned online from outcomes:
+// Layer-aware policy ("cycle"); docs/policy.md has the reasoning and the measurements. Every
+// token sweeps the MoE layers in order, so a bundle of layer L is next needed, at the earliest,
+// when the sweep returns to L: after k = (pos(L) - pos(c)) mod n layer steps from the current
+// layer c (n when L is c), and its j-th next chance comes k + n * j steps from now. With
+// p_j = P(used at that chance), keeping the bundle until its next use, but at most j chances,
+// occupies a slot for E_j expected steps and earns P_j = 1 - prod_{i<j} (1 - p_i) hits. The
+// policy evicts the bundle with the fewest hits per slot-step at its best horizon, i.e. the
+// largest min_j E_j / P_j (j = infinity gives the expected time to its next use). The p_j come
+// from tables learned online from outcomes:
 //  * history: (visits of L since the bundle's last use, capped; its decayed use rate) -> P(use);
-//  * token matching: the current token's route so far is matched against the last few hundred
-//    tokens; the tokens that followed the best matches vote on the next tokens' routes (text
-//    repeats, and a token's route across layers identifies it well). A calibration table maps
-//    (tokens ahead, vote, history cell) to P(use), so votes count only as far as they predicted.
-// Beyond `horizon` visits F uses the history hazard alone. r = 1 / (1 - q), q the share of
-// acquires that repeat the previous acquire's layer: a stream dwelling on one layer (prefill
-// acquired token by token) keeps that layer's bundles and ranks the rest as r times further.
+//  * token matching: the current token's route so far is matched against the last 255 tokens;
+//    the tokens that followed the best matches vote on the next tokens' routes (text repeats,
+//    and a token's route across layers identifies it well). A calibration table maps (tokens
+//    ahead, vote, history cell) to P(use), so votes count only as far as they have predicted.
+// Beyond kHorizon tokens the history hazard alone extends the estimate. All times are scaled
+// by r = 1 / (1 - q), q the share of acquires that repeat the previous acquire's layer: a stream
+// that dwells on one layer (prefill acquired token by token) keeps that layer's bundles.
+//
+// Cost: OnAccess O(ring words + set bits); OnLayer O(known experts of the layer * kHorizon);
+// ChooseVictim O(resident) up to kFullScanLimit resident bundles, above that the best of
+// kSample deterministic random picks (O(1) in the pool size), each scored in O(kHorizon *
+// kMatches).
 class CyclePolicy final : public EvictionPolicy {
  public:
   CyclePolicy(const PolicyModel& model, uint32_t capacity);
@@ -145,23 +150,22 @@ class CyclePolicy final : public EvictionPolicy {
                                      uint64_t now) override;
 
  private:
-  // Tuned on humaneval_2 and checked on gsm8k_2 and routing_raw (docs/performance.md).
-  static constexpr uint32_t kMaxAge = 3;          // visits since last use, capped
+  // Chosen on the real Mixtral traces and synthetic ones; docs/policy.md lists the effect of each.
+  static constexpr uint32_t kMaxAge = 3;  // visits since last use, capped
   // Decayed use rate relative to the base rate (top-k / experts), in half-octave buckets from
   // 2^-3 up: fine-grained models spread popularity over two orders of magnitude.
   static constexpr uint32_t kRateBuckets = 14;
   static constexpr double kRateStepsPerOctave = 2;
   static constexpr double kRateMinLog2 = -3;
-  static constexpr double kRateDecay = 0.985;     // per visit of the layer
-  static constexpr uint32_t kRingTokens = 256;    // past tokens matched against
-  static constexpr uint32_t kMatches = 5;         // best matches that vote
-  static constexpr uint32_t kHorizon = 4;         // tokens ahead predicted by votes
-  static constexpr uint32_t kVoteLevels = 4;      // vote share quantized to 0..kVoteLevels
+  static constexpr double kRateDecay = 0.985;       // per visit of the layer
+  static constexpr uint32_t kRingTokens = 256;      // past tokens matched against
+  static constexpr uint32_t kMatches = 5;           // best matches that vote
+  static constexpr uint32_t kHorizon = 4;           // tokens ahead predicted by votes
+  static constexpr uint32_t kVoteLevels = 4;        // vote share quantized to 0..kVoteLevels
   static constexpr double kPrevTokenWeight = 0.25;  // weight of the previous token's match
-  static constexpr double kPriorWeight = 4;       // pseudo-observations behind each table cell
+  static constexpr double kPriorWeight = 4;         // pseudo-observations behind each table cell
   static constexpr double kRepeatAlpha = 1.0 / 16;
-  static constexpr uint32_t kRefresh = 64;        // victim choices between table refreshes
-  static constexpr bool kIndex = true;
+  static constexpr uint32_t kRefresh = 64;  // victim choices between table refreshes
   static constexpr uint32_t kFullScanLimit = 1024;
   static constexpr uint32_t kSample = 256;
   static constexpr uint32_t kCells = (kMaxAge + 1) * kRateBuckets;
@@ -174,9 +178,9 @@ class CyclePolicy final : public EvictionPolicy {
     double count = 0;             // decayed uses, as of `count_visit`
     double log2_count = -1e9;     // log2(count)
     uint64_t count_visit = 0;
-    int64_t slot = -1;
-    std::vector<uint64_t> tokens;  // tokens that used it, ascending (pruned to the ring)
-    uint64_t pending_visit = 0;    // the visit whose cells await this bundle's outcome
+    // Bit t % kRingTokens: token t used it, for the tokens in the window (see Oldest()).
+    std::array<uint64_t, kRingTokens / 64> used_by{};
+    uint64_t pending_visit = 0;     // the visit whose cells await this bundle's outcome
     std::vector<uint32_t> pending;  // hazard cell, then calibration cells
   };
   struct Layer {
@@ -205,12 +209,18 @@ class CyclePolicy final : public EvictionPolicy {
   void EndToken();
   void RankMatches();
   void Refresh();
-  double Expected(uint32_t bundle) const;
-  bool UsedBy(const Bundle& b, uint64_t token) const;
+  double StepsPerHit(uint32_t bundle) const;
+  static bool UsedBy(const Bundle& b, uint64_t token) {
+    const uint64_t bit = token % kRingTokens;
+    return (b.used_by[bit / 64] >> (bit % 64)) & 1;
+  }
+  // The oldest past token that can match: kRingTokens - 1 of them, so that no past token shares
+  // the current token's bit.
+  uint64_t Oldest() const { return cur_token_ >= kRingTokens ? cur_token_ - kRingTokens + 1 : 0; }
 
   double base_rate_;
   double log2_decay_ = std::log2(kRateDecay);
-  double rate_offset_ = 0;  // log2((1 - kRateDecay) / base_rate_) - kRateMinLog2
+  double rate_offset_ = 0;     // log2((1 - kRateDecay) / base_rate_) - kRateMinLog2
   std::vector<Layer> layers_;  // in visiting order
   absl::flat_hash_map<uint32_t, uint32_t> pos_of_;
   std::vector<Bundle> bundles_;
@@ -234,7 +244,6 @@ class CyclePolicy final : public EvictionPolicy {
   std::vector<double> score_, bonus_;        // by token % kRingTokens
   std::vector<Match> top_;
   std::array<double, kHorizon + 1> avail_past_{}, avail_current_{};  // by offset
-  uint64_t first_voter_ = 0;  // the earliest token any match votes with
   bool top_dirty_ = true;
   std::deque<Snapshot> snapshots_;
 
@@ -269,9 +278,11 @@ uint32_t CyclePolicy::LayerPos(uint32_t block) {
   // A layer the model did not list: keep block order (rare; positions of later layers shift).
   const auto at = std::lower_bound(layers_.begin(), layers_.end(), block,
                                    [](const Layer& l, uint32_t b) { return l.block < b; });
+  const auto inserted = static_cast<uint32_t>(at - layers_.begin());
   Layer layer;
   layer.block = block;
   layers_.insert(at, std::move(layer));
+  if (in_token_ && inserted <= cur_pos_) ++cur_pos_;
   pos_of_.clear();
   for (uint32_t i = 0; i < layers_.size(); ++i) pos_of_[layers_[i].block] = i;
   for (Bundle& b : bundles_) b.layer_pos = pos_of_[b.key.layer];
@@ -295,9 +306,8 @@ uint32_t CyclePolicy::BundleIndex(const BundleKey& key) {
 uint32_t CyclePolicy::HistoryCell(const Bundle& b, uint64_t visits, uint32_t extra_age) const {
   const uint64_t age = std::min<uint64_t>(visits - b.last_use_visit + extra_age, kMaxAge);
   // log2 of the rate, in half octaves above 2^kRateMinLog2: no pow/log on this path.
-  const double step =
-      (b.log2_count + double(visits - b.count_visit) * log2_decay_ + rate_offset_) *
-      kRateStepsPerOctave;
+  const double step = (b.log2_count + double(visits - b.count_visit) * log2_decay_ + rate_offset_) *
+                      kRateStepsPerOctave;
   const auto bucket = static_cast<uint32_t>(std::clamp(step, 0.0, double(kRateBuckets - 1)));
   return static_cast<uint32_t>(age) * kRateBuckets + bucket;
 }
@@ -312,10 +322,6 @@ double CyclePolicy::Calibrated(uint32_t offset, int vote, uint32_t cell) const {
                     1e-3, 1.0);
 }
 
-bool CyclePolicy::UsedBy(const Bundle& b, uint64_t token) const {
-  return std::binary_search(b.tokens.begin(), b.tokens.end(), token);
-}
-
 // Vote of the best matches on whether `bundle` is used by the token `offset` tokens after the
 // one each match stands for: -1 when no match has such a token yet, else the weighted share
 // quantized to 0..kVoteLevels.
@@ -324,14 +330,12 @@ int CyclePolicy::Vote(uint32_t bundle, uint32_t offset) const {
   const bool layer_seen = layers_[b.layer_pos].last_token == cur_token_;
   const double avail = avail_past_[offset] + (layer_seen ? avail_current_[offset] : 0);
   if (avail == 0) return -1;
-  // Most bundles of a large pool were last used before every voting token: no search.
-  if (b.tokens.empty() || b.tokens.back() < first_voter_) return 0;
   double yes = 0;
   for (const Match& m : top_) {
     const uint64_t t = m.token + offset;
     if (t < cur_token_) {
       if (UsedBy(b, t)) yes += m.weight;
-    } else if (t == cur_token_ && layer_seen && b.tokens.back() == cur_token_) {
+    } else if (t == cur_token_ && layer_seen && UsedBy(b, t)) {
       yes += m.weight;
     }
   }
@@ -344,9 +348,8 @@ int CyclePolicy::Vote(uint32_t bundle, uint32_t offset) const {
 void CyclePolicy::RankMatches() {
   top_dirty_ = false;
   top_.clear();
-  const uint64_t oldest = cur_token_ > kRingTokens ? cur_token_ - kRingTokens : 0;
   std::vector<Match> all;
-  for (uint64_t t = oldest; t < cur_token_; ++t) {
+  for (uint64_t t = Oldest(); t < cur_token_; ++t) {
     const size_t i = t % kRingTokens;
     all.push_back(Match{t, score_[i] + kPrevTokenWeight * bonus_[i]});
   }
@@ -362,9 +365,7 @@ void CyclePolicy::RankMatches() {
   // counts only for layers it has visited).
   std::fill(avail_past_.begin(), avail_past_.end(), 0);
   std::fill(avail_current_.begin(), avail_current_.end(), 0);
-  first_voter_ = cur_token_ + 1;
   for (const Match& m : top_) {
-    first_voter_ = std::min(first_voter_, m.token + 1);
     for (uint32_t offset = 1; offset <= kHorizon; ++offset) {
       if (m.token + offset < cur_token_) avail_past_[offset] += m.weight;
       if (m.token + offset == cur_token_) avail_current_[offset] += m.weight;
@@ -392,9 +393,15 @@ void CyclePolicy::EndToken() {
   }
   // A candidate's bonus is how well its predecessor matched the token that just ended.
   std::vector<double> bonus(kRingTokens, 0);
-  const uint64_t oldest = cur_token_ > kRingTokens ? cur_token_ - kRingTokens : 0;
-  for (uint64_t t = oldest; t < cur_token_; ++t) bonus[(t + 1) % kRingTokens] = score_[t % kRingTokens];
+  for (uint64_t t = Oldest(); t < cur_token_; ++t) {
+    bonus[(t + 1) % kRingTokens] = score_[t % kRingTokens];
+  }
   bonus_ = std::move(bonus);
+  // The oldest token leaves the window: its bit becomes the next token's.
+  if (cur_token_ + 1 >= kRingTokens) {
+    const uint64_t bit = (cur_token_ + 1) % kRingTokens;
+    for (uint32_t bi : ring_[bit]) bundles_[bi].used_by[bit / 64] &= ~(uint64_t{1} << (bit % 64));
+  }
   ring_[cur_token_ % kRingTokens] = std::move(cur_route_);
   cur_route_.clear();
   std::fill(score_.begin(), score_.end(), 0);
@@ -444,16 +451,13 @@ void CyclePolicy::OnInsert(SlotId slot, const BundleKey& key, uint64_t) {
     slot_bundle_.resize(size_t{slot} + 1, -1);
     resident_at_.resize(size_t{slot} + 1, 0);
   }
-  const uint32_t bi = BundleIndex(key);
-  bundles_[bi].slot = slot;
-  slot_bundle_[slot] = bi;
+  slot_bundle_[slot] = BundleIndex(key);
   resident_at_[slot] = static_cast<uint32_t>(resident_.size());
   resident_.push_back(slot);
 }
 
 void CyclePolicy::OnRemove(SlotId slot) {
   if (slot >= slot_bundle_.size() || slot_bundle_[slot] < 0) return;
-  bundles_[slot_bundle_[slot]].slot = -1;
   slot_bundle_[slot] = -1;
   const uint32_t at = resident_at_[slot];
   resident_[at] = resident_.back();
@@ -481,17 +485,15 @@ void CyclePolicy::OnAccess(SlotId slot, const BundleKey& key, uint64_t now) {
     b.count_visit = visits;
     b.last_use_visit = visits;
   }
-  if (b.tokens.empty() || b.tokens.back() != cur_token_) {
-    // Every ring token that also used this bundle matches the current token a little better.
-    const uint64_t oldest = cur_token_ > kRingTokens ? cur_token_ - kRingTokens : 0;
-    for (auto it = b.tokens.rbegin(); it != b.tokens.rend() && *it >= oldest; ++it) {
-      score_[*it % kRingTokens] += 1;
+  if (!UsedBy(b, cur_token_)) {
+    // Every past token that also used this bundle matches the current token a little better.
+    for (uint32_t w = 0; w < b.used_by.size(); ++w) {
+      for (uint64_t bits = b.used_by[w]; bits != 0; bits &= bits - 1) {
+        score_[w * 64 + std::countr_zero(bits)] += 1;
+      }
     }
-    if (!b.tokens.empty() && b.tokens.front() < oldest && b.tokens.size() >= 64) {
-      b.tokens.erase(b.tokens.begin(),
-                     std::lower_bound(b.tokens.begin(), b.tokens.end(), oldest));
-    }
-    b.tokens.push_back(cur_token_);
+    const uint64_t bit = cur_token_ % kRingTokens;
+    b.used_by[bit / 64] |= uint64_t{1} << (bit % 64);
     cur_route_.push_back(bi);
     top_dirty_ = true;
   }
@@ -512,7 +514,7 @@ void CyclePolicy::Refresh() {
   }
 }
 
-double CyclePolicy::Expected(uint32_t bi) const {
+double CyclePolicy::StepsPerHit(uint32_t bi) const {
   const Bundle& b = bundles_[bi];
   const uint32_t n = static_cast<uint32_t>(layers_.size());
   const uint64_t visits = layers_[b.layer_pos].visits;
@@ -537,7 +539,7 @@ double CyclePolicy::Expected(uint32_t bi) const {
     const double p = offset == 0 ? Hazard(cell) : Calibrated(offset, Vote(bi, offset), cell);
     time_if_used += survive * p * at;
     survive *= 1 - p;
-    if (kIndex) best = std::min(best, (time_if_used + survive * at) / (1 - survive));
+    best = std::min(best, (time_if_used + survive * at) / (1 - survive));
   }
   const double spread = 1 / (1 - std::min(repeat_, 0.99));
   return spread * best;
@@ -552,7 +554,7 @@ std::optional<SlotId> CyclePolicy::ChooseVictim(const std::function<bool(SlotId)
   double best_t = -1;
   const auto consider = [&](SlotId slot) {
     if (!evictable(slot)) return;
-    const double t = Expected(static_cast<uint32_t>(slot_bundle_[slot]));
+    const double t = StepsPerHit(static_cast<uint32_t>(slot_bundle_[slot]));
     if (t > best_t || (t == best_t && slot < *best)) best = slot, best_t = t;
   };
   if (resident_.size() > kFullScanLimit) {

@@ -106,6 +106,13 @@ absl::StatusOr<SimResult> SimulatePolicy(const AccessTrace& trace, const PolicyM
         "capacity ", capacity, " is smaller than the ", trace.max_group,
         " experts one record needs at once (top-k): a pool must hold a whole acquire"));
   }
+  const std::vector<std::string_view> names = SimPolicyNames();
+  if (std::find(names.begin(), names.end(), policy) == names.end()) {
+    std::string valid;
+    for (std::string_view n : names) absl::StrAppend(&valid, valid.empty() ? "" : ", ", AV(n));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown policy '", AV(policy), "': use one of ", valid));
+  }
   std::unique_ptr<EvictionPolicy> p;
   if (policy == "belady") {
     p = std::make_unique<BeladyPolicy>(NextUses(trace), capacity);
@@ -146,8 +153,8 @@ absl::StatusOr<SimResult> SimulatePolicy(const AccessTrace& trace, const PolicyM
         } else {
           const std::optional<SlotId> victim = p->ChooseVictim(evictable, now);
           if (!victim || *victim >= capacity || !evictable(*victim)) {
-            return absl::InternalError(absl::StrCat("policy ", AV(policy),
-                                                    " found no evictable slot at access ", now));
+            return absl::InternalError(
+                absl::StrCat("policy ", AV(policy), " found no evictable slot at access ", now));
           }
           slot = *victim;
           where.erase(holds[slot]);

@@ -27,14 +27,14 @@ constexpr std::array kPresets = {
                      0.25, 0.2},
     TraceSynthPreset{"mixtral-tiny", "as synth mixtral-tiny: blocks 0..31, 8 experts top-2", 0, 32,
                      8, 2, 0.5, 0.25, 0.2},
-    TraceSynthPreset{"mixtral-legacy-tiny", "as synth mixtral-legacy-tiny: blocks 0..3, 8 top-2",
-                     0, 4, 8, 2, 0.5, 0.25, 0.2},
+    TraceSynthPreset{"mixtral-legacy-tiny", "as synth mixtral-legacy-tiny: blocks 0..3, 8 top-2", 0,
+                     4, 8, 2, 0.5, 0.25, 0.2},
     TraceSynthPreset{"deepseek-tiny", "as synth deepseek-tiny: MoE blocks 1..3, 256 top-8", 1, 3,
                      256, 8, 0.8, 0.35, 0.3},
     TraceSynthPreset{"qwen3moe-tiny", "as synth qwen3moe-tiny: blocks 0..3, 128 top-8", 0, 4, 128,
                      8, 0.8, 0.35, 0.3},
-    TraceSynthPreset{"gptoss-tiny", "as synth gptoss-tiny: blocks 0..2, 32 experts top-4", 0, 3,
-                     32, 4, 0.8, 0.35, 0.3},
+    TraceSynthPreset{"gptoss-tiny", "as synth gptoss-tiny: blocks 0..2, 32 experts top-4", 0, 3, 32,
+                     4, 0.8, 0.35, 0.3},
 };
 
 constexpr uint32_t kMaxLayers = 4096;
@@ -77,8 +77,8 @@ LayerModel MakeLayerModel(uint64_t seed, uint32_t block, uint32_t n_expert) {
 
 void AppendNumber(std::string& out, double v) {
   std::array<char, 32> buf;
-  const auto [end, ec] = std::to_chars(buf.data(), buf.data() + buf.size(), v,
-                                       std::chars_format::general, 6);
+  const auto [end, ec] =
+      std::to_chars(buf.data(), buf.data() + buf.size(), v, std::chars_format::general, 6);
   out.append(buf.data(), ec == std::errc() ? end : buf.data());
 }
 
@@ -109,8 +109,7 @@ absl::StatusOr<std::vector<RouteRecord>> SynthesizeRouteTrace(const TraceSynthOp
         absl::StrCat("--tokens ", o.tokens, " is not in 1..", kMaxTokens));
   }
   if (!(zipf <= 8) || !(reuse <= 1) || !(corr <= 1)) {
-    return absl::InvalidArgumentError(
-        "zipf must be in [0, 8], reuse and correlation in [0, 1]");
+    return absl::InvalidArgumentError("zipf must be in [0, 8], reuse and correlation in [0, 1]");
   }
   const uint32_t n = preset->n_expert, k = preset->top_k;
 
@@ -120,7 +119,9 @@ absl::StatusOr<std::vector<RouteRecord>> SynthesizeRouteTrace(const TraceSynthOp
   for (uint32_t r = 0; r < n; ++r) cdf[r] = sum += std::pow(double(r + 1), -zipf);
   for (double& c : cdf) c /= sum;
   std::vector<LayerModel> model;
-  for (uint32_t i = 0; i < layers; ++i) model.push_back(MakeLayerModel(o.seed, preset->first_layer + i, n));
+  for (uint32_t i = 0; i < layers; ++i) {
+    model.push_back(MakeLayerModel(o.seed, preset->first_layer + i, n));
+  }
 
   Rng rng(o.seed);
   std::vector<RouteRecord> out;
@@ -142,7 +143,8 @@ absl::StatusOr<std::vector<RouteRecord>> SynthesizeRouteTrace(const TraceSynthOp
       };
       for (uint32_t j = 0; j < k; ++j) {
         const std::vector<uint32_t>& prev = prev_token[i];
-        if (!prev.empty() && rng.Uniform() < reuse && take(prev[rng.Below(uint32_t(prev.size()))])) {
+        if (!prev.empty() && rng.Uniform() < reuse &&
+            take(prev[rng.Below(uint32_t(prev.size()))])) {
           continue;
         }
         if (below != nullptr && j < below->size() && rng.Uniform() < corr &&

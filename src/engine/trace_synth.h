@@ -42,10 +42,10 @@ struct TraceSynthOptions {
   std::string preset;
   uint32_t tokens = 256;
   uint64_t seed = 1;
-  uint32_t layers = 0;       // 0: the preset's layer count
-  double zipf = -1;          // < 0: the preset's
-  double reuse = -1;         // < 0: the preset's; else a probability
-  double correlation = -1;   // < 0: the preset's; else a probability
+  uint32_t layers = 0;      // 0: the preset's layer count
+  double zipf = -1;         // < 0: the preset's
+  double reuse = -1;        // < 0: the preset's; else a probability
+  double correlation = -1;  // < 0: the preset's; else a probability
 };
 
 // One record per (token, layer), tokens 0..tokens-1, layers in order, experts listed by
