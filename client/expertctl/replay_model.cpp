@@ -13,6 +13,7 @@
 #include "catalog/catalog.h"
 #include "device/host/host_device.h"
 #include "engine/engine.h"
+#include "engine/policy_sim.h"
 #include "format/route_trace.h"
 #include "model_args.h"
 #include "progress.h"
@@ -79,12 +80,12 @@ int RunReplayWithModel(const ReplayModelArgs& a) {
   // The oracle reads the model's own bytes (P), so a bad copy in a Q pack is caught too.
   absl::StatusOr<ModelCatalog> model_only = ModelCatalog::Build(*model, nullptr);
   if (!model_only.ok()) return fail(model_only.status());
-  absl::StatusOr<std::vector<RouteRecord>> records = ReadRouteTrace(a.trace);
-  if (!records.ok()) return fail(records.status());
-  // Access order: problem, then token, then layer; experts as listed.
-  std::stable_sort(records->begin(), records->end(), [](const RouteRecord& x, const RouteRecord& y) {
-    return std::tie(x.problem_id, x.token, x.layer) < std::tie(y.problem_id, y.token, y.layer);
-  });
+  absl::StatusOr<std::vector<RouteRecord>> read = ReadRouteTrace(a.trace);
+  if (!read.ok()) return fail(read.status());
+  // The same access order as the simulation: problem, then token, then layer; experts as listed.
+  absl::StatusOr<AccessTrace> access = MakeAccessTrace(*std::move(read));
+  if (!access.ok()) return fail(access.status());
+  const std::vector<RouteRecord>* records = &access->groups;
   for (const RouteRecord& r : *records) {
     if (catalog->FindLayer(r.layer) == nullptr) {
       return fail(absl::InvalidArgumentError(absl::StrCat(
