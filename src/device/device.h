@@ -40,6 +40,7 @@ absl::StatusOr<uint64_t> ArenaReservedBytes(uint64_t requested, uint64_t max_byt
 // What a backend can do. Every field defaults to "not supported" / 0; a backend sets what it has.
 struct Capabilities {
   bool arenas_host_visible = false;         // Arena::host_data() points at the bytes (host: yes)
+  bool arenas_host_writable = false;        // Arena::host_write_data() too: fill slots in place
   bool exports_to_other_processes = false;  // Arena/FenceTable::Export() work
   bool async_copies = false;                // SubmitCopy returns before the bytes moved
   bool copy_priorities = false;             // demand copies overtake queued prefetch copies
@@ -101,6 +102,11 @@ class Arena {
   uint64_t reserved_bytes() const { return reserved_bytes_; }
   // The bytes when caps().arenas_host_visible, else nullptr.
   virtual const uint8_t* host_data() const { return nullptr; }
+  // The same bytes for writing when caps().arenas_host_writable, else nullptr: a reader may fill
+  // a slot in place, without a staging copy. Whoever does must keep the fence protocol itself:
+  // write a slot only after done(slot) reached the previous occupant's last granted generation,
+  // and advance ready(slot) after the last byte landed.
+  virtual uint8_t* host_write_data() const { return nullptr; }
 
   // A descriptor another process maps (host: MapArena in host_device.h). Optional.
   virtual absl::StatusOr<ArenaExport> Export() const;

@@ -7,7 +7,17 @@
 //     misses -> fill queue (demand ahead of prefetch) -> staging segment -> read job
 //            -> device copy (waits for the slot's last done generation, advances ready)
 //            -> pool.FillDone -> the grant completes when all its slots are ready
+//            -> pool.Commit (its generations now count as handed out) -> callback
 //   predictor.Step(layer, experts) -> pool.Prefetch -> fill queue (prefetch)
+//
+// In place: when the device's arenas are host-writable (the host device) and the slot's done
+// fence has already passed, a fill reads the pack straight into the slot and advances ready
+// itself — no staging segment, no second copy of the bytes (EngineOptions::fill_in_place).
+//
+// Superseded prefetches: when the demand acquire of a layer arrives, or a newer prediction for
+// the layer replaces an older one, prefetches of that layer whose read has not started are
+// cancelled (counted in SlotPoolStats::prefetch_cancelled); a demand acquire that joins a
+// prefetch still waiting for a staging segment moves it to the demand queue.
 //
 // Two requests for one bundle cause one read (the pool shares the in-flight slot). Nothing here
 // blocks on I/O: AcquireAsync returns at once and calls back when the grant is ready; Acquire is
@@ -41,9 +51,16 @@ struct EngineOptions {
   std::string policy = "cycle";
   std::string predictor = "none";
   PredictorOptions predictor_options;  // `layers` is filled from the catalog
+  // Staging: must hold at least one bundle (the largest; Create fails otherwise). Raised to
+  // staging_demand_reserve + 2 bundles when smaller, so prefetches always have a segment.
   uint64_t staging_bytes = uint64_t{64} << 20;
   uint32_t staging_demand_reserve = 2;  // segments prefetches may never take
   ReaderPoolOptions readers;
+  // Read straight into slots when the device allows it (see above); false: always via staging.
+  bool fill_in_place = true;
+  // Cancel superseded prefetches (see above). The rule assumes the prefetches of a layer serve
+  // the next visit of that layer by any session; turn it off when sessions sweep far apart.
+  bool cancel_superseded_prefetches = true;
 };
 
 // One granted bundle: where its projections are. Projection p of the bundle is at
@@ -65,15 +82,20 @@ struct Grant {
 struct EngineStats {
   SlotPoolStats pool;  // summed over slot classes
   uint64_t bytes_read = 0;
-  uint64_t bytes_copied = 0;
+  uint64_t bytes_copied = 0;    // bundle bytes that landed in slots (copied or read in place)
+  uint64_t bytes_in_place = 0;  // of bytes_copied: read straight into slots, no staging copy
   uint64_t fills_failed = 0;
-  double stall_p50_us = 0;
+  uint64_t prefetch_promoted = 0;  // queued prefetches a demand acquire joined and moved ahead
+  StagingStats staging;
+  double stall_p50_us = 0;  // over the last kStallSamples acquires
   double stall_p99_us = 0;
   std::vector<std::pair<uint32_t, double>> layer_hit_rate;  // (block, hits / accesses)
 };
 
 class Engine {
  public:
+  static constexpr size_t kStallSamples = 65536;
+
   // The catalog, packs (opened from catalog.packs() in the same order) and device must outlive
   // the engine.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const ModelCatalog& catalog,

@@ -38,6 +38,12 @@ class EvictionPolicy {
 
   // `key` now lives in `slot` (after a miss filled it).
   virtual void OnInsert(SlotId slot, const BundleKey& key, uint64_t now) = 0;
+  // `key` now lives in `slot` because a predictor expects its layer's next visit to use it: an
+  // insertion without an access. Default: OnInsert. A policy that ranks unused bundles low must
+  // override it, or it evicts prefetched bundles before the visit they were fetched for.
+  virtual void OnPrefetch(SlotId slot, const BundleKey& key, uint64_t now) {
+    OnInsert(slot, key, now);
+  }
   // A resident bundle was used by an acquire (a hit, or the access that inserted it, which is
   // reported as OnInsert followed by OnAccess).
   virtual void OnAccess(SlotId slot, const BundleKey& key, uint64_t now) = 0;

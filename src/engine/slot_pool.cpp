@@ -1,5 +1,7 @@
 #include "engine/slot_pool.h"
 
+#include <algorithm>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "util/status.h"
@@ -93,7 +95,6 @@ absl::StatusOr<std::vector<SlotGrant>> SlotPool::Acquire(uint32_t layer,
       slot.key = key;
       slot.state = SlotState::kFilling;
       ++slot.generation;
-      slot.granted_before = slot.last_granted;
       where_[key] = *s;
       policy_->OnInsert(*s, key, now_);
       g.slot = *s;
@@ -108,8 +109,6 @@ absl::StatusOr<std::vector<SlotGrant>> SlotPool::Acquire(uint32_t layer,
     policy_->OnAccess(g.slot, key, now_);
     grants.push_back(g);
   }
-  // Only now that the acquire succeeded do its generations count as handed out.
-  for (const SlotGrant& g : grants) slots_[g.slot].last_granted = g.generation;
   stats_.accesses += delta.accesses;
   stats_.hits += delta.hits;
   stats_.joins += delta.joins;
@@ -132,9 +131,8 @@ std::optional<SlotGrant> SlotPool::Prefetch(const BundleKey& key) {
   ++slot.generation;
   slot.prefetched_unused = true;
   slot.last_access = now_;
-  slot.granted_before = slot.last_granted;
   where_[key] = *s;
-  policy_->OnInsert(*s, key, now_);
+  policy_->OnPrefetch(*s, key, now_);
   ++stats_.prefetch_issued;
   return SlotGrant{.key = key,
                    .slot = *s,
@@ -143,23 +141,77 @@ std::optional<SlotGrant> SlotPool::Prefetch(const BundleKey& key) {
                    .wait_done = slot.last_granted};
 }
 
-void SlotPool::FillDone(SlotId s, uint64_t generation, bool ok) {
+FillOutcome SlotPool::FillDone(SlotId s, uint64_t generation, bool ok) {
   std::lock_guard<std::mutex> lock(mu_);
   Slot& slot = slots_[s];
-  if (slot.generation != generation || slot.state != SlotState::kFilling) return;  // stale
+  if (slot.generation != generation || slot.state != SlotState::kFilling) {
+    return FillOutcome::kStale;
+  }
+  if (slot.cancelled) {
+    // Already out of the residency map and the policy (CancelPrefetch); nobody holds a lease.
+    slot.cancelled = false;
+    slot.prefetched_unused = false;
+    slot.state = SlotState::kEmpty;
+    ++stats_.prefetch_cancelled;
+    if (slot.leases == 0) free_.push_back(s);
+    return FillOutcome::kCancelled;
+  }
   if (ok) {
     slot.state = SlotState::kResident;
-    return;
+    return FillOutcome::kResident;
   }
   ++stats_.fill_errors;
-  // Nobody can read a failed occupant: the next copy waits only for the readers before it.
-  slot.last_granted = slot.granted_before;
+  // Nobody can read a failed occupant, and no grant of it was committed: the next copy waits
+  // only for the readers of the occupants before it.
   where_.erase(slot.key);
   policy_->OnRemove(s);
   if (slot.prefetched_unused) ++stats_.prefetch_wasted;
   slot.prefetched_unused = false;
   slot.state = SlotState::kEmpty;
   if (slot.leases == 0) free_.push_back(s);  // else freed by the last Release
+  return FillOutcome::kFailed;
+}
+
+bool SlotPool::CancelPrefetch(SlotId s, uint64_t generation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Slot& slot = slots_[s];
+  if (slot.generation != generation || slot.state != SlotState::kFilling || slot.cancelled ||
+      slot.leases != 0 || !slot.prefetched_unused) {
+    return false;
+  }
+  where_.erase(slot.key);
+  policy_->OnRemove(s);
+  slot.cancelled = true;
+  return true;
+}
+
+void SlotPool::RestorePrefetch(SlotId s, uint64_t generation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Slot& slot = slots_[s];
+  if (slot.generation != generation || slot.state != SlotState::kFilling || !slot.cancelled ||
+      where_.contains(slot.key)) {
+    return;
+  }
+  slot.cancelled = false;
+  where_[slot.key] = s;
+  policy_->OnPrefetch(s, slot.key, now_);
+}
+
+bool SlotPool::cancelled(SlotId s, uint64_t generation) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return slots_[s].generation == generation && slots_[s].cancelled;
+}
+
+void SlotPool::Commit(std::span<const SlotGrant> grants) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const SlotGrant& g : grants) {
+    Slot& slot = slots_[g.slot];
+    // A leased slot keeps its occupant, so the generation still matches; the check only guards
+    // against a commit after release.
+    if (slot.generation == g.generation) {
+      slot.last_granted = std::max(slot.last_granted, g.generation);
+    }
+  }
 }
 
 void SlotPool::Release(std::span<const SlotId> slots) {

@@ -10,6 +10,10 @@
 //    fences and stale grants can be told apart.
 //  - Within one acquire, slots granted to earlier keys are leased before later keys are looked
 //    up, so one acquire never evicts its own bundles.
+//  - A generation counts as handed out (so that the next occupant's fill waits for its done
+//    fence) only once the caller commits the grant (Commit), i.e. when the grant reached the
+//    client. A grant that fails after Acquire (a read error, a joined read that failed) is
+//    released without a commit: no later fill waits for a done fence nobody will signal.
 //
 // Prefetch rule: a prefetch never evicts a leased or filling slot, and it may evict a resident
 // bundle only when that bundle is colder than the sweep: it was not accessed within the last
@@ -64,6 +68,15 @@ struct SlotPoolStats {
   uint64_t prefetch_wasted = 0;  // prefetched bundles evicted or failed before any acquire
   uint64_t prefetch_dropped = 0; // prefetches refused: no slot allowed by the prefetch rule
   uint64_t fill_errors = 0;
+  uint64_t prefetch_cancelled = 0;  // superseded before their read started (CancelPrefetch)
+};
+
+// How a fill ended, as FillDone saw it.
+enum class FillOutcome : uint8_t {
+  kResident,   // the bundle is resident
+  kFailed,     // the slot was emptied; its waiters fail
+  kCancelled,  // a cancelled prefetch: the slot was emptied, nobody waited for it
+  kStale,      // not the slot's current fill (ignored)
 };
 
 class SlotPool {
@@ -75,9 +88,16 @@ class SlotPool {
 
   // Leases one slot per key, in order. Errors: more distinct keys than the pool has slots
   // (ResourceExhausted: can never succeed), or not enough slots that may be evicted right now
-  // because too many are leased (Unavailable: retry after releases). On error nothing is leased.
-  // Duplicate keys in one call share one slot and one lease each.
+  // because too many are leased (Unavailable: retry after releases). On error nothing is leased
+  // and nothing is recorded as granted. Duplicate keys in one call share one slot and one lease
+  // each. On success the caller either commits the grants (Commit) before the client can see
+  // them, or releases them without a commit when the acquire fails later.
   absl::StatusOr<std::vector<SlotGrant>> Acquire(uint32_t layer, std::span<const BundleKey> keys);
+
+  // Records that these grants (from one successful Acquire, still leased) reached the client:
+  // a later fill of one of these slots waits until its done fence reached the granted
+  // generation (SlotGrant::wait_done). Must be called before the leases are released.
+  void Commit(std::span<const SlotGrant> grants);
 
   // Reserves a slot for a predicted bundle without leasing it. Returns the grant (needs_fill
   // true) when the caller should read it, nullopt when it is already resident or filling, or
@@ -85,8 +105,20 @@ class SlotPool {
   std::optional<SlotGrant> Prefetch(const BundleKey& key);
 
   // The read for `slot` at `generation` finished. On error the slot is emptied (its waiters
-  // should fail their acquires) and the bundle is no longer resident.
-  void FillDone(SlotId slot, uint64_t generation, bool ok);
+  // should fail their acquires) and the bundle is no longer resident. A cancelled prefetch's
+  // slot is emptied whatever `ok` says (its bytes are not wanted any more).
+  FillOutcome FillDone(SlotId slot, uint64_t generation, bool ok);
+
+  // Cancelling a superseded prefetch, in two steps. CancelPrefetch succeeds only for a prefetch
+  // fill that nobody acquired yet (no lease joined it): the bundle stops being resident-or-
+  // filling at once (a later acquire misses and reads it again), while the slot stays reserved
+  // until FillDone (its read may still be running). If the caller then cannot stop the read
+  // after all, RestorePrefetch puts the bundle back — unless an acquire already took the key
+  // for another slot, in which case the fill stays cancelled and its bytes are discarded.
+  bool CancelPrefetch(SlotId slot, uint64_t generation);
+  void RestorePrefetch(SlotId slot, uint64_t generation);
+  // True while the fill (slot, generation) is cancelled: its bytes must not become resident.
+  bool cancelled(SlotId slot, uint64_t generation) const;
 
   // Drops one lease per slot; slots are given as granted (duplicates release twice).
   void Release(std::span<const SlotId> slots);
@@ -106,8 +138,8 @@ class SlotPool {
     uint32_t leases = 0;
     uint64_t last_access = 0;
     bool prefetched_unused = false;
-    uint64_t last_granted = 0;    // newest generation an acquire of this slot returned
-    uint64_t granted_before = 0;  // last_granted when the current occupant moved in
+    bool cancelled = false;  // a cancelled prefetch fill, waiting for its FillDone
+    uint64_t last_granted = 0;  // newest committed generation of this slot (see Commit)
   };
 
   // A slot for a new occupant: a free one, else the policy's victim among evictable slots.

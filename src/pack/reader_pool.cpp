@@ -51,6 +51,9 @@ struct JobState {
   JobCounters* counters;
   std::atomic<int> remaining;
   std::atomic<bool> cancelled{false};
+  // kStarted: some part began reading; kRefused: TryCancel won the race, no part may start.
+  static constexpr uint32_t kStarted = 1, kRefused = 2;
+  std::atomic<uint32_t> phase{0};
   std::atomic<bool> failed{false};  // some part failed: the others stop early
   std::mutex mu;
   absl::Status first_error;  // guarded by mu
@@ -131,7 +134,10 @@ class ReaderPool {
 
   void Run(JobPart& part, ReadScratch& scratch) {
     JobState& job = *part.job;
-    if (job.cancelled.load(std::memory_order_acquire)) {
+    // Claim the start (or see that TryCancel refused it): both are RMWs of `phase`, so exactly
+    // one of them wins.
+    const uint32_t phase = job.phase.fetch_or(JobState::kStarted, std::memory_order_acq_rel);
+    if ((phase & JobState::kRefused) != 0 || job.cancelled.load(std::memory_order_acquire)) {
       cancelled_parts.fetch_add(1, std::memory_order_relaxed);
       job.Finish(absl::CancelledError("read job cancelled before it started"));
       return;
@@ -171,6 +177,18 @@ using reader_detail::ReaderPool;
 
 void ReadJobHandle::Cancel() const {
   if (job_) job_->cancelled.store(true, std::memory_order_release);
+}
+
+bool ReadJobHandle::TryCancel() const {
+  if (!job_) return false;
+  uint32_t phase = job_->phase.load(std::memory_order_acquire);
+  do {
+    if ((phase & JobState::kStarted) != 0) return false;
+  } while (!job_->phase.compare_exchange_weak(phase, phase | JobState::kRefused,
+                                              std::memory_order_acq_rel,
+                                              std::memory_order_acquire));
+  job_->cancelled.store(true, std::memory_order_release);
+  return true;
 }
 
 ReaderPools::ReaderPools(const PackSet& packs, const ReaderPoolOptions& options)

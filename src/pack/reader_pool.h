@@ -105,6 +105,11 @@ class ReadJobHandle {
   // stops before its next merged read. The callback then receives CancelledError. No effect
   // after the job finished. Returns immediately; the callback still runs on a reader thread.
   void Cancel() const;
+  // Cancels the job only if none of its parts has started reading: returns true when it did
+  // (the callback then receives CancelledError and no byte of any destination was written),
+  // false when a part already started (the job runs to completion as if never asked) or for a
+  // default-constructed handle. Exactly one of the two outcomes, even racing a reader thread.
+  bool TryCancel() const;
 
  private:
   friend class ReaderPools;

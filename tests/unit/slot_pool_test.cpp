@@ -126,7 +126,7 @@ TEST(SlotPool, FillingSlotsAreNotEvicted) {
 }
 
 // A fill must wait only for the readers of what it overwrites: the previous occupants' newest
-// granted generation — never its own, even when another acquire joined it first.
+// committed generation — never its own, even when another acquire joined it first.
 TEST(SlotPool, WaitDoneNamesThePreviousOccupantsLastGrant) {
   auto pool = Pool(1);
   auto a = pool->Acquire(0, Keys(0, {0}));
@@ -135,6 +135,8 @@ TEST(SlotPool, WaitDoneNamesThePreviousOccupantsLastGrant) {
   auto join = pool->Acquire(0, Keys(0, {0}));
   ASSERT_TRUE(join.ok());
   FillAll(*pool, *a);
+  pool->Commit(*a);
+  pool->Commit(*join);
   pool->Release(Slots(*a));
   pool->Release(Slots(*join));
   auto b = pool->Acquire(0, Keys(0, {1}));  // evicts generation 1
@@ -151,12 +153,38 @@ TEST(SlotPool, WaitDoneNamesThePreviousOccupantsLastGrant) {
   auto c = pool->Acquire(0, Keys(0, {2}));
   ASSERT_TRUE(c.ok());
   EXPECT_EQ((*c)[0].wait_done, 1u);
-  // The acquired occupant generation is what the next fill waits for.
+  // The committed occupant generation is what the next fill waits for.
   FillAll(*pool, *c);
+  pool->Commit(*c);
   pool->Release(Slots(*c));
   auto d = pool->Acquire(0, Keys(0, {3}));
   ASSERT_TRUE(d.ok());
   EXPECT_EQ((*d)[0].wait_done, (*c)[0].generation);
+}
+
+// The bug this guards against: an acquire that got a hit and then failed (here: a later key
+// found no slot) must not leave the hit's generation recorded as handed out, or the next fill
+// of that slot would wait for a done fence the client never signals (it never saw the grant).
+TEST(SlotPool, FailedAcquireLeavesNoGrantBehind) {
+  auto pool = Pool(2);
+  const auto p = pool->Prefetch({0, 0});  // resident, never granted to anyone
+  ASSERT_TRUE(p.has_value());
+  pool->FillDone(p->slot, p->generation, true);
+  auto held = pool->Acquire(1, Keys(1, {0}));  // leases the other slot
+  ASSERT_TRUE(held.ok());
+  // A hit on {0,0}, then {0,1} finds no slot: the acquire fails.
+  EXPECT_EQ(pool->Acquire(0, Keys(0, {0, 1})).status().code(), absl::StatusCode::kUnavailable);
+  // A grant that succeeds in the pool but fails later (its read failed) is not committed.
+  auto uncommitted = pool->Acquire(0, Keys(0, {0}));
+  ASSERT_TRUE(uncommitted.ok());
+  EXPECT_TRUE((*uncommitted)[0].hit);
+  pool->Release(Slots(*uncommitted));
+  // Evicting {0,0} now must not wait for any done fence: nobody was granted its generation.
+  FillAll(*pool, *held);
+  auto next = pool->Acquire(2, Keys(2, {0}));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ((*next)[0].slot, p->slot);
+  EXPECT_EQ((*next)[0].wait_done, 0u);
 }
 
 TEST(SlotPool, TooManyBundlesForThePool) {

@@ -335,7 +335,7 @@ class HostArena final : public Arena {
             SharedMemory memory)
       : Arena(std::move(label), bytes, reserved), owner_(owner), memory_(std::move(memory)) {}
   const uint8_t* host_data() const override { return memory_.data(); }
-  uint8_t* mutable_data() const { return memory_.data(); }
+  uint8_t* host_write_data() const override { return memory_.data(); }
   const void* owner() const { return owner_; }
   absl::StatusOr<ArenaExport> Export() const override {
     return ArenaExport{memory_.Handle(), bytes(), reserved_bytes(), label()};
@@ -533,7 +533,7 @@ class HostDevice final : public Device {
 
   static absl::Status RunCopy(const CopyRequest& request) {
     for (const CopySegment& s : request.segments) {
-      uint8_t* base = static_cast<const HostArena*>(s.arena)->mutable_data();
+      uint8_t* base = static_cast<const HostArena*>(s.arena)->host_write_data();
       std::memcpy(base + s.arena_offset, s.source.data(), s.source.size());
     }
     absl::Status status;
@@ -608,6 +608,7 @@ absl::StatusOr<std::unique_ptr<Device>> MakeHostDevice(HostDeviceOptions options
   }
   Capabilities caps;
   caps.arenas_host_visible = true;
+  caps.arenas_host_writable = true;
   caps.exports_to_other_processes = true;
   caps.async_copies = true;
   caps.copy_priorities = true;

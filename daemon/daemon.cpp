@@ -1,0 +1,337 @@
+#include "daemon.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "device/device_probe.h"
+#include "device/host/host_device.h"
+#include "lifecycle.h"
+#include "metrics.h"
+#include "served_model.h"
+#include "service.h"
+#include "sessions.h"
+#include "synth/synth.h"
+#include "unix_listener.h"
+#include "util/status.h"
+
+namespace expertd {
+namespace {
+
+constexpr uint64_t kDemoSeed = 7;
+
+EngineOptions EngineOptionsFrom(const DaemonConfig& c) {
+  EngineOptions eo;
+  eo.slot_budget_bytes = c.device.slot_memory;
+  eo.policy = std::string(NameOf(c.cache.policy));
+  eo.predictor = std::string(NameOf(c.predictor.kind));
+  eo.predictor_options.lookahead = c.predictor.lookahead;
+  eo.predictor_options.max_experts = c.predictor.max_experts;
+  eo.predictor_options.history_tokens = c.predictor.history_tokens;
+  eo.staging_bytes = c.device.staging_memory;
+  eo.readers.threads_per_group = c.readers.threads_per_group;
+  return eo;
+}
+
+PackSetOptions PackOptionsFrom(const DaemonConfig& c) {
+  PackSetOptions po;
+  switch (c.readers.method) {
+    case ReadersConfig::Method::kPread: po.method = ReadMethod::kPread; break;
+    case ReadersConfig::Method::kDirect: po.method = ReadMethod::kDirect; break;
+    case ReadersConfig::Method::kMmap: po.method = ReadMethod::kMmap; break;
+  }
+  po.max_eio_retries = c.readers.max_eio_retries;
+  return po;
+}
+
+SessionLimits LimitsFrom(const LimitsConfig& l) {
+  SessionLimits s;
+  s.max_sessions = l.max_sessions;
+  s.max_leases_per_session = l.max_leases_per_session;
+  s.max_experts_per_acquire = l.max_experts_per_acquire;
+  s.lease_ttl = absl::FromChrono(l.lease_ttl);
+  s.attach_timeout = absl::FromChrono(l.session_attach_timeout);
+  s.max_message_bytes = l.max_message_bytes;
+  return s;
+}
+
+absl::StatusOr<std::string> ReadToken(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("listen.tcp_token_file: cannot read ", path));
+  std::string token;
+  std::getline(in, token);
+  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  if (token.size() < 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "listen.tcp_token_file: ", path, ": the token (first line) must be at least 16 bytes"));
+  }
+  return token;
+}
+
+// Everything the daemon owns, declared in construction order; destroyed in reverse.
+struct Daemon {
+  std::unique_ptr<Device> device;
+  std::vector<std::unique_ptr<ServedModel>> models;
+  std::unique_ptr<SessionRegistry> sessions;
+  PeerTable peers;
+  ServiceState state;
+  std::unique_ptr<ExpertdService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<UnixListener> unix_listener;
+  std::unique_ptr<MetricsServer> metrics;
+
+  void SetHealth(bool serving) {
+    if (!server) return;
+    grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+    if (health == nullptr) return;
+    health->SetServingStatus("", serving);
+    for (const auto& m : models) health->SetServingStatus(m->name(), serving);
+  }
+
+  // Stops serving in a fixed order: listeners, then the gRPC server (its Session streams end,
+  // which ends their sessions), then sessions (leases go back to the engines), then models and
+  // finally the device.
+  void TearDown() {
+    metrics.reset();
+    if (unix_listener) unix_listener->Stop();
+    if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    unix_listener.reset();
+    server.reset();
+    sessions.reset();
+    models.clear();
+    if (device) device->Shutdown();
+    device.reset();
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> PrepareDemoModel(const std::string& cache_dir,
+                                             const std::string& preset) {
+  namespace fs = std::filesystem;
+  const fs::path dir(cache_dir);
+  const fs::path model = dir / "model.gguf";
+  const fs::path marker = dir / "demo-model.txt";
+  const std::string want = absl::StrCat(preset, " seed ", kDemoSeed);
+  {
+    std::ifstream in(marker);
+    std::string have;
+    if (in && std::getline(in, have) && have == want && fs::exists(model)) return model.string();
+  }
+  spdlog::info("demo: synthesizing a {} model into {}", preset, cache_dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat("demo.cache_dir ", cache_dir, ": ", ec.message()));
+  // Built next to the final place and renamed, so an interrupted run never leaves a half model.
+  const fs::path tmp = dir / absl::StrCat(".synth-", getpid());
+  fs::remove_all(tmp, ec);
+  SynthOptions so;
+  so.preset = preset;
+  so.out_dir = tmp.string();
+  so.seed = kDemoSeed;
+  absl::StatusOr<std::vector<std::string>> written = SynthesizeModel(so);
+  if (!written.ok()) return written.status();
+  fs::rename(tmp / "model.gguf", model, ec);
+  fs::remove_all(tmp);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat("demo: rename into ", cache_dir, ": ", ec.message()));
+  std::ofstream(marker) << want << '\n';
+  return model.string();
+}
+
+int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& env) {
+  ServiceManager manager;
+  Daemon d;
+  const auto fail = [&](const absl::Status& st) {
+    spdlog::error("start-up failed: {}", std::string(st.message()));
+    manager.Status(absl::StrCat("failed: ", st.message()));
+    d.TearDown();
+    return 1;
+  };
+  manager.Status("starting");
+  spdlog::info("config: {}", DescribeConfig(config));
+
+  std::vector<ModelSpec> specs;
+  if (flags.demo) {
+    absl::StatusOr<std::string> dir = ResolveDemoCacheDir(config.demo, env);
+    if (!dir.ok()) return fail(dir.status());
+    absl::StatusOr<std::string> gguf = PrepareDemoModel(*dir, config.demo.preset);
+    if (!gguf.ok()) return fail(gguf.status());
+    specs.push_back({"demo", *gguf, "", "", {}});
+    // A quarter of the model's bytes, unless configured: the cache then has to work.
+    if (config.device.slot_memory == DefaultConfig().device.slot_memory) {
+      config.device.slot_memory = std::max<uint64_t>(std::filesystem::file_size(*gguf) / 4, 1);
+    }
+  }
+  for (const ModelConfig& m : config.models) {
+    ModelSpec s{m.name, m.gguf, m.index, m.v1_q_pack, {}};
+    for (const SourceGroupConfig& g : m.source_groups) s.source_groups[g.name] = g.packs;
+    specs.push_back(std::move(s));
+  }
+  if (specs.empty()) return fail(RequireModels(config));
+
+  // Device: the CUDA backend is chosen here once it exists; today every process serves from
+  // the host device, and says why when a GPU was asked for.
+  const DeviceProbe probe = ProbeDevices();
+  spdlog::info("{}", probe.log_line);
+  if (config.device.kind == DeviceConfig::Kind::kCuda) {
+    return fail(absl::FailedPreconditionError(
+        probe.kind == DeviceProbe::Kind::kCuda
+            ? "device.kind = cuda: the CUDA device backend is not available in this build yet; "
+              "use auto or host"
+            : "device.kind = cuda, but no usable CUDA GPU was found (see the line above)"));
+  }
+  HostDeviceOptions ho;
+  ho.copy_threads = config.device.copy_streams;
+  ho.shm_prefix = absl::StrCat("expertd-", getpid());
+  // Clients of other users reach the shared memory through the daemon's group.
+  const bool others = !config.listen.allowed_uids.empty() || !config.listen.allowed_gids.empty();
+  ho.shm_mode = others ? 0660 : 0600;
+  absl::StatusOr<std::unique_ptr<Device>> device = MakeHostDevice(ho);
+  if (!device.ok()) return fail(device.status());
+  d.device = *std::move(device);
+
+  d.sessions = std::make_unique<SessionRegistry>(LimitsFrom(config.limits));
+  d.state.sessions = d.sessions.get();
+  d.state.peers = &d.peers;
+  d.state.device_name = std::string(d.device->name());
+  d.state.device_kind = "host";
+  d.service = std::make_unique<ExpertdService>(&d.state);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.RegisterService(d.service.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.limits.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(config.limits.max_message_bytes));
+  int tcp_port = 0;
+  std::string tcp_addr;
+  if (config.listen.tcp.has_value()) {
+    if (!config.listen.tcp_token_file.empty()) {
+      absl::StatusOr<std::string> token = ReadToken(config.listen.tcp_token_file);
+      if (!token.ok()) return fail(token.status());
+      d.state.tcp_token = *token;
+    }
+    tcp_addr = FormatHostPort(*config.listen.tcp);
+    builder.AddListeningPort(tcp_addr, grpc::InsecureServerCredentials(), &tcp_port);
+  }
+  d.server = builder.BuildAndStart();
+  if (!d.server) {
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat("the gRPC server did not start (listen.tcp = '", tcp_addr, "' in use?)")));
+  }
+  if (config.listen.tcp.has_value() && tcp_port == 0) {
+    return fail(absl::FailedPreconditionError(absl::StrCat("listen.tcp: cannot bind ", tcp_addr)));
+  }
+  d.SetHealth(false);
+
+  UnixListenerOptions uo;
+  uo.path = ResolveSocketPath(config.listen, env);
+  uo.socket_mode = config.listen.socket_mode;
+  uo.directory_mode = config.listen.directory_mode;
+  uo.allowed_uids = config.listen.allowed_uids;
+  uo.allowed_gids = config.listen.allowed_gids;
+  absl::StatusOr<std::unique_ptr<UnixListener>> listener = UnixListener::Bind(uo, &d.peers);
+  if (!listener.ok()) return fail(listener.status());
+  d.unix_listener = *std::move(listener);
+  d.unix_listener->Start(d.server.get());
+  spdlog::info("listening on unix:{}{}", d.unix_listener->path(),
+               tcp_port > 0 ? absl::StrCat(" and tcp ", config.listen.tcp->host, ":", tcp_port,
+                                           d.state.tcp_token.empty() ? " (no token)" : " (token)")
+                            : std::string());
+  if (config.metrics.listen.has_value()) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> m = MetricsServer::Start(
+        config.metrics.listen->host, config.metrics.listen->port, &d.state);
+    if (!m.ok()) return fail(m.status());
+    d.metrics = *std::move(m);
+    spdlog::info("metrics on http://{}:{}/metrics", config.metrics.listen->host, d.metrics->port());
+  }
+  if (flags.hold_before_serving > absl::ZeroDuration()) {
+    manager.Status(absl::StrCat("holding for ", absl::FormatDuration(flags.hold_before_serving),
+                                " before loading models"));
+    absl::SleepFor(flags.hold_before_serving);
+  }
+
+  const EngineOptions engine_options = EngineOptionsFrom(config);
+  const PackSetOptions pack_options = PackOptionsFrom(config);
+  for (const ModelSpec& spec : specs) {
+    manager.Status(absl::StrCat("loading model ", spec.name, " from ", spec.gguf));
+    absl::StatusOr<std::unique_ptr<ServedModel>> m =
+        ServedModel::Load(spec, *d.device, pack_options, engine_options);
+    if (!m.ok()) return fail(m.status());
+    const ModelCatalog& c = (*m)->catalog();
+    uint32_t slots = 0;
+    for (const SlotClass& sc : c.slot_classes()) slots += (*m)->engine().slots(sc.id);
+    spdlog::info("model {}: {} MoE layers x {} experts (top-{}), {} packs verified, {} slots in {} "
+                 "class(es)",
+                 spec.name, c.layers().size(), c.n_expert(), c.n_expert_used(), c.packs().size(),
+                 slots, c.slot_classes().size());
+    d.models.push_back(*std::move(m));
+  }
+  {
+    std::lock_guard<std::mutex> lock(d.state.models_mu);
+    for (const auto& m : d.models) d.state.models[m->name()] = m.get();
+  }
+  d.state.serving = true;
+  d.SetHealth(true);
+  std::vector<std::string> names;
+  for (const auto& m : d.models) names.push_back(m->name());
+  manager.Ready(absl::StrCat("serving ", absl::StrJoin(names, ", "), " on unix:",
+                             d.unix_listener->path()));
+  manager.StartWatchdog(&d.state.serving);
+
+  DaemonConfig live = config;
+  for (;;) {
+    const int sig = WaitForSignal(absl::Milliseconds(500));
+    if (sig == 0) continue;
+    if (sig == SIGHUP) {
+      manager.Reloading();
+      if (flags.config_path.empty()) {
+        spdlog::info("SIGHUP: no config file to reload");
+      } else {
+        absl::StatusOr<DaemonConfig> fresh = LoadConfig(flags.config_path);
+        if (!fresh.ok()) {
+          spdlog::error("SIGHUP: {} not reloaded: {}", flags.config_path, std::string(fresh.status().message()));
+        } else {
+          absl::Status st = ApplyReloadable(*fresh, live);
+          SetLogLevel(live.logging.level);
+          spdlog::info("SIGHUP: logging.level = {}", NameOf(live.logging.level));
+          if (!st.ok()) spdlog::warn("SIGHUP: {}", std::string(st.message()));
+          if (live.cache.policy != config.cache.policy || !(live.predictor == config.predictor)) {
+            spdlog::warn("SIGHUP: cache.policy and predictor.* apply to engines started after "
+                         "this point; the running models keep theirs until restart");
+          }
+        }
+      }
+      manager.ReloadDone();
+      continue;
+    }
+    spdlog::info("signal {}: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    break;
+  }
+
+  d.state.serving = false;
+  d.SetHealth(false);
+  d.sessions->BeginDrain();
+  const uint64_t outstanding = d.sessions->LeasesOutstanding();
+  manager.Stopping(absl::StrCat("draining ", outstanding, " leases (up to ",
+                                FormatDuration(config.limits.drain_timeout), ")"));
+  const bool drained = d.sessions->WaitDrained(absl::FromChrono(config.limits.drain_timeout));
+  if (drained) {
+    spdlog::info("drained: no leases outstanding");
+  } else {
+    spdlog::warn("drain timeout: {} leases still held are reclaimed",
+                 d.sessions->LeasesOutstanding());
+  }
+  d.TearDown();
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace expertd

@@ -1,0 +1,89 @@
+// One served model: its GGUF (and optional index), the catalog, the open packs and the engine
+// that owns its slot pools. Loading verifies that every expert range lies inside its pack, so a
+// model that starts serving cannot fault on a short file later (truncation after start is the
+// engine's fault path). gRPC-free apart from the ModelInfo message it precomputes.
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "catalog/catalog.h"
+#include "device/device.h"
+#include "device/host/host_device.h"
+#include "engine/engine.h"
+#include "expertd/v1/service.pb.h"
+#include "format/gguf_model.h"
+#include "format/index.h"
+#include "pack/pack_set.h"
+#include "util/latency_histogram.h"
+
+namespace expertd {
+
+struct ModelSpec {
+  std::string name;
+  std::string gguf;       // any shard of the model
+  std::string index;      // optional index file (v1 or v2)
+  std::string v1_q_pack;  // the Q pack of a v1 index
+  // Source group name -> pack paths. Packs not listed are grouped by their drive (st_dev).
+  std::map<std::string, std::vector<std::string>> source_groups;
+};
+
+class ServedModel {
+ public:
+  // Opens, checks and starts the engine on `device` (which must outlive the model). Errors name
+  // the model and the file.
+  static absl::StatusOr<std::unique_ptr<ServedModel>> Load(const ModelSpec& spec, Device& device,
+                                                           const PackSetOptions& pack_options,
+                                                           const EngineOptions& engine_options);
+  ~ServedModel();
+
+  const std::string& name() const { return spec_.name; }
+  const ModelCatalog& catalog() const { return *catalog_; }
+  const PackSet& packs() const { return *packs_; }
+  Engine& engine() const { return *engine_; }
+  const v1::ModelInfo& info() const { return info_; }
+  // The handles a session maps (one entry per slot class), built once at load.
+  const std::vector<v1::SlotClassHandles>& handles() const { return handles_; }
+  // Stores done[slot] = generation on behalf of a client that cannot (it died, or its lease was
+  // reclaimed), so the slot can be refilled. Only for fences the client cannot touch any more.
+  void ForceDone(uint32_t slot_class, SlotId slot, uint64_t generation);
+  // done[slot] as the client left it (host-visible fences), for the release check.
+  uint64_t Done(uint32_t slot_class, SlotId slot) const;
+  bool fences_host_visible() const { return fences_host_visible_; }
+  // Acquire stalls as the daemon saw them (request to grant), over every session, for the
+  // metrics histogram.
+  void RecordStall(uint64_t nanoseconds);
+  LatencyHistogram StallHistogram() const;
+  // Bytes read per pack label, for statistics.
+  std::vector<std::pair<std::string, uint64_t>> PackBytesRead() const;
+
+ private:
+  ServedModel() = default;
+  absl::Status Start(Device& device, const PackSetOptions& pack_options,
+                     const EngineOptions& engine_options);
+  absl::Status VerifyRanges() const;
+  absl::Status BuildHandles();
+
+  ModelSpec spec_;
+  std::unique_ptr<GgufModel> gguf_;
+  std::unique_ptr<ExpertIndex> index_;
+  std::unique_ptr<ModelCatalog> catalog_;
+  std::unique_ptr<PackSet> packs_;
+  std::unique_ptr<Engine> engine_;
+  // The daemon's own view of each class's fence table (host device), for ForceDone.
+  std::vector<std::unique_ptr<MappedFences>> own_fences_;
+  bool fences_host_visible_ = false;
+  v1::ModelInfo info_;
+  std::vector<v1::SlotClassHandles> handles_;
+  mutable std::mutex stall_mu_;
+  LatencyHistogram stall_;
+};
+
+// The catalog as the protocol describes it.
+v1::ModelInfo ToModelInfo(const std::string& name, const ModelCatalog& catalog);
+
+}  // namespace expertd

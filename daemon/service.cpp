@@ -1,0 +1,344 @@
+#include "service.h"
+
+#include <deque>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "util/status.h"
+
+namespace expertd {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+void PeerTable::Put(int fd, const Peer& peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  by_fd_[fd] = peer;
+}
+
+std::optional<Peer> PeerTable::Lookup(const std::string& grpc_peer) const {
+  if (grpc_peer.rfind("fd:", 0) == 0) {
+    int fd = -1;
+    if (!absl::SimpleAtoi(absl::string_view(grpc_peer).substr(3), &fd)) return std::nullopt;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = by_fd_.find(fd);
+    if (it == by_fd_.end()) return std::nullopt;
+    return it->second;
+  }
+  if (grpc_peer.rfind("ipv4:", 0) == 0 || grpc_peer.rfind("ipv6:", 0) == 0) return Peer{};
+  return std::nullopt;
+}
+
+absl::StatusOr<Peer> ExpertdService::Authenticate(grpc::CallbackServerContext* context) const {
+  std::optional<Peer> peer = state_->peers->Lookup(context->peer());
+  if (!peer.has_value()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("unrecognised connection ", context->peer()));
+  }
+  if (!peer->unix_socket && !state_->tcp_token.empty()) {
+    const auto& md = context->client_metadata();
+    auto it = md.find("authorization");
+    const std::string want = "Bearer " + state_->tcp_token;
+    if (it == md.end() || std::string(it->second.data(), it->second.size()) != want) {
+      return absl::UnauthenticatedError(
+          "TCP calls need the header 'authorization: Bearer <token>' with the daemon's token");
+    }
+  }
+  return *peer;
+}
+
+ServedModel* ExpertdService::FindModel(const std::string& name) {
+  std::lock_guard<std::mutex> lock(state_->models_mu);
+  auto it = state_->models.find(name);
+  return it == state_->models.end() ? nullptr : it->second;
+}
+
+grpc::ServerUnaryReactor* ExpertdService::ListModels(grpc::CallbackServerContext* context,
+                                                     const v1::ListModelsRequest*,
+                                                     v1::ListModelsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<Peer> peer = Authenticate(context);
+  if (!peer.ok()) {
+    reactor->Finish(ToGrpc(peer.status()));
+    return reactor;
+  }
+  std::lock_guard<std::mutex> lock(state_->models_mu);
+  for (const auto& [name, model] : state_->models) *response->add_models() = model->info();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ExpertdService::OpenSession(grpc::CallbackServerContext* context,
+                                                      const v1::OpenSessionRequest* request,
+                                                      v1::OpenSessionResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const auto finish = [&](const absl::Status& st) {
+    reactor->Finish(ToGrpc(st));
+    return reactor;
+  };
+  absl::StatusOr<Peer> peer = Authenticate(context);
+  if (!peer.ok()) return finish(peer.status());
+  if (!peer->unix_socket) {
+    return finish(absl::FailedPreconditionError(
+        "sessions are opened over the Unix socket only: TCP never carries shared-memory or IPC "
+        "handles"));
+  }
+  if (!state_->serving.load()) {
+    return finish(absl::UnavailableError(
+        state_->sessions->draining() ? "the daemon is shutting down" : "the daemon is starting"));
+  }
+  ServedModel* model = FindModel(request->model());
+  if (model == nullptr) {
+    return finish(absl::NotFoundError(absl::StrCat("no model named '", request->model(),
+                                                   "' (ListModels shows the served ones)")));
+  }
+  if (!request->device().empty() && request->device() != state_->device_name) {
+    return finish(absl::InvalidArgumentError(absl::StrCat(
+        "device '", request->device(), "' does not serve model ", request->model(), " (it is on ",
+        state_->device_name, ")")));
+  }
+  absl::StatusOr<std::shared_ptr<expertd::Session>> s =
+      state_->sessions->Open(model, *peer, request->client_name());
+  if (!s.ok()) return finish(s.status());
+  response->set_session_id((*s)->id());
+  *response->mutable_model() = model->info();
+  response->set_device(state_->device_name);
+  response->set_device_kind(state_->device_kind);
+  for (const v1::SlotClassHandles& h : model->handles()) *response->add_slot_classes() = h;
+  const SessionLimits& l = state_->sessions->limits();
+  v1::SessionLimits* out = response->mutable_limits();
+  out->set_max_leases(l.max_leases_per_session);
+  out->set_max_experts_per_acquire(l.max_experts_per_acquire);
+  out->set_lease_ttl_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(l.lease_ttl)));
+  out->set_attach_timeout_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(l.attach_timeout)));
+  out->set_max_message_bytes(l.max_message_bytes);
+  return finish(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* ExpertdService::GetStats(grpc::CallbackServerContext* context,
+                                                   const v1::GetStatsRequest* request,
+                                                   v1::GetStatsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<Peer> peer = Authenticate(context);
+  if (!peer.ok()) {
+    reactor->Finish(ToGrpc(peer.status()));
+    return reactor;
+  }
+  std::vector<std::shared_ptr<expertd::Session>> sessions = state_->sessions->Sessions();
+  std::lock_guard<std::mutex> lock(state_->models_mu);
+  if (!request->model().empty() && state_->models.count(request->model()) == 0) {
+    reactor->Finish(ToGrpc(absl::NotFoundError(absl::StrCat("no model named '", request->model(),
+                                                            "'"))));
+    return reactor;
+  }
+  for (const auto& [name, model] : state_->models) {
+    if (!request->model().empty() && request->model() != name) continue;
+    const EngineStats e = model->engine().Stats();
+    v1::ModelStats* m = response->add_models();
+    m->set_model(name);
+    m->set_accesses(e.pool.accesses);
+    m->set_hits(e.pool.hits);
+    m->set_joins(e.pool.joins);
+    m->set_misses(e.pool.misses);
+    m->set_evictions(e.pool.evictions);
+    m->set_prefetch_issued(e.pool.prefetch_issued);
+    m->set_prefetch_used(e.pool.prefetch_used);
+    m->set_prefetch_wasted(e.pool.prefetch_wasted);
+    m->set_prefetch_dropped(e.pool.prefetch_dropped);
+    m->set_bytes_read(e.bytes_read);
+    m->set_bytes_copied(e.bytes_copied);
+    m->set_fills_failed(e.fills_failed);
+    m->set_stall_p50_us(e.stall_p50_us);
+    m->set_stall_p99_us(e.stall_p99_us);
+    for (const auto& [label, bytes] : model->PackBytesRead()) {
+      v1::ByteCount* b = m->add_pack_bytes_read();
+      b->set_name(label);
+      b->set_bytes(bytes);
+    }
+    for (const std::shared_ptr<expertd::Session>& s : sessions) {
+      if (&s->model() == model) *m->add_sessions() = s->Stats();
+    }
+  }
+  response->set_sessions(static_cast<uint32_t>(sessions.size()));
+  response->set_uptime_ms(
+      static_cast<uint64_t>(absl::ToInt64Milliseconds(absl::Now() - state_->started_at)));
+  response->set_device(state_->device_name);
+  response->set_draining(state_->sessions->draining());
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+// ---- The Session stream ----------------------------------------------------------------------
+
+namespace {
+
+using SessionReactorBase = grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>;
+
+// The stream's write queue. gRPC allows one write in flight per stream, so replies queue here;
+// engine threads push grants, the reactor's OnWriteDone starts the next write. Once closed, pushes
+// are dropped, so nothing touches the reactor after it finished.
+class StreamOutbox final : public Outbox {
+ public:
+  explicit StreamOutbox(SessionReactorBase* reactor) : reactor_(reactor) {}
+
+  bool Push(v1::SessionResponse message) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return false;
+    queue_.push_back(std::move(message));
+    if (!writing_) {
+      writing_ = true;
+      reactor_->StartWrite(&queue_.front());
+    }
+    return true;
+  }
+  // After a write: starts the next one. Returns true when the stream may finish now (closing
+  // was requested and nothing is left to write).
+  bool WriteDone(bool ok) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.pop_front();
+    if (!ok) {
+      queue_.clear();
+      closed_ = true;
+    }
+    if (!queue_.empty() && !closed_) {
+      reactor_->StartWrite(&queue_.front());
+      return false;
+    }
+    writing_ = false;
+    if (closing_ && !finished_) {
+      finished_ = true;
+      closed_ = true;
+      return true;
+    }
+    return false;
+  }
+  // The read side ended: finish once queued writes are out. True when the caller finishes now.
+  bool Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closing_ = true;
+    if (writing_ || finished_) return false;
+    finished_ = true;
+    closed_ = true;
+    return true;
+  }
+  void Cancel() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+  }
+
+ private:
+  std::mutex mu_;
+  SessionReactorBase* const reactor_;
+  std::deque<v1::SessionResponse> queue_;  // front() is being written while writing_
+  bool writing_ = false;
+  bool closing_ = false;
+  bool finished_ = false;
+  bool closed_ = false;
+};
+
+class SessionReactor final : public SessionReactorBase {
+ public:
+  SessionReactor(ServiceState* state, absl::StatusOr<Peer> peer)
+      : state_(state), peer_(std::move(peer)), outbox_(std::make_shared<StreamOutbox>(this)) {
+    if (!peer_.ok()) {
+      finish_status_ = ToGrpc(peer_.status());
+      Close();
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client half-closed, cancelled or vanished
+      Close();
+      return;
+    }
+    absl::Status st = Handle();
+    if (!st.ok()) {
+      finish_status_ = ToGrpc(st);
+      Close();
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (outbox_->WriteDone(ok)) Finish(finish_status_);
+  }
+
+  void OnCancel() override { outbox_->Cancel(); }
+
+  void OnDone() override {
+    EndSession();
+    delete this;
+  }
+
+ private:
+  // One request. A non-OK status ends the stream (protocol violations); request errors go back
+  // as RequestError messages and the stream goes on.
+  absl::Status Handle() {
+    if (!session_) {
+      if (!request_.has_attach()) {
+        return absl::FailedPreconditionError("the first message of a Session stream is Attach");
+      }
+      absl::StatusOr<std::shared_ptr<expertd::Session>> s =
+          state_->sessions->Attach(request_.attach().session_id(), *peer_, outbox_);
+      if (!s.ok()) return s.status();
+      session_ = *std::move(s);
+      v1::SessionResponse r;
+      r.mutable_attached()->set_session_id(session_->id());
+      outbox_->Push(std::move(r));
+      return absl::OkStatus();
+    }
+    switch (request_.kind_case()) {
+      case v1::SessionRequest::kAcquire:
+        session_->Acquire(request_.acquire());
+        return absl::OkStatus();
+      case v1::SessionRequest::kPrefetch:
+        session_->Prefetch(request_.prefetch());
+        return absl::OkStatus();
+      case v1::SessionRequest::kRelease:
+        session_->Release(request_.release());
+        return absl::OkStatus();
+      case v1::SessionRequest::kAttach:
+        return absl::FailedPreconditionError("the stream is already attached to a session");
+      default:
+        return absl::InvalidArgumentError("empty SessionRequest");
+    }
+  }
+
+  void Close() {
+    EndSession();
+    if (outbox_->Close()) Finish(finish_status_);
+  }
+
+  void EndSession() {
+    std::shared_ptr<expertd::Session> s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s = std::move(session_);
+      session_.reset();
+    }
+    if (s) state_->sessions->End(s);
+  }
+
+  ServiceState* const state_;
+  const absl::StatusOr<Peer> peer_;
+  std::shared_ptr<StreamOutbox> outbox_;
+  v1::SessionRequest request_;
+  grpc::Status finish_status_ = grpc::Status::OK;
+  std::mutex mu_;
+  std::shared_ptr<expertd::Session> session_;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* ExpertdService::Session(
+    grpc::CallbackServerContext* context) {
+  return new SessionReactor(state_, Authenticate(context));
+}
+
+}  // namespace expertd

@@ -1,0 +1,480 @@
+#include "sessions.h"
+
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "util/status.h"
+
+namespace expertd {
+namespace {
+
+int OpenPidfd(int64_t pid) {
+#ifdef SYS_pidfd_open
+  if (pid <= 0) return -1;
+  const long fd = syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0);
+  return fd < 0 ? -1 : static_cast<int>(fd);
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+// A pidfd polls readable once its process has exited.
+bool ProcessExited(int pidfd) {
+  if (pidfd < 0) return false;
+  pollfd p{pidfd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0;
+}
+
+absl::Status ForClient(const absl::Status& st) {
+  // The engine says NotFound / OutOfRange for a bad layer or expert; to the client both are an
+  // invalid argument of its request.
+  if (st.code() == absl::StatusCode::kNotFound || st.code() == absl::StatusCode::kOutOfRange) {
+    return absl::InvalidArgumentError(st.message());
+  }
+  return st;
+}
+
+}  // namespace
+
+std::string NewSessionId() {
+  uint8_t bytes[16] = {};
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  std::string hex;
+  char two[3];
+  for (uint8_t b : bytes) {
+    std::snprintf(two, sizeof two, "%02x", b);
+    hex += two;
+  }
+  return hex;
+}
+
+// ---- Session ---------------------------------------------------------------------------------
+
+Session::Session(SessionRegistry* registry, std::string id, ServedModel* model, Peer peer,
+                 std::string client_name)
+    : registry_(registry),
+      id_(std::move(id)),
+      model_(model),
+      peer_(peer),
+      client_name_(std::move(client_name)),
+      opened_at_(absl::Now()),
+      pidfd_(OpenPidfd(peer.pid)) {}
+
+Session::~Session() {
+  if (pidfd_ >= 0) close(pidfd_);
+}
+
+void Session::Push(v1::SessionResponse message) {
+  std::shared_ptr<Outbox> outbox;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    outbox = outbox_;
+  }
+  if (outbox) outbox->Push(std::move(message));
+}
+
+void Session::Fail(uint64_t seq, const absl::Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counters_.errors;
+  }
+  v1::SessionResponse r;
+  v1::RequestError* e = r.mutable_error();
+  e->set_seq(seq);
+  e->set_code(static_cast<int32_t>(status.code()));
+  e->set_message(std::string(status.message()));
+  Push(std::move(r));
+}
+
+void Session::Acquire(const v1::Acquire& request) {
+  const uint64_t seq = request.seq();
+  const SessionLimits& limits = registry_->limits();
+  if (registry_->draining()) {
+    return Fail(seq, absl::UnavailableError("the daemon is shutting down: no new acquires"));
+  }
+  if (request.experts().empty()) {
+    return Fail(seq, absl::InvalidArgumentError(absl::StrCat("acquire ", seq, ": no experts")));
+  }
+  if (static_cast<uint32_t>(request.experts_size()) > limits.max_experts_per_acquire) {
+    return Fail(seq, absl::InvalidArgumentError(absl::StrCat(
+                         "acquire ", seq, ": ", request.experts_size(),
+                         " experts; at most ", limits.max_experts_per_acquire, " per acquire")));
+  }
+  const MoeLayer* layer = model_->catalog().FindLayer(request.layer());
+  if (layer == nullptr) {
+    return Fail(seq, absl::InvalidArgumentError(absl::StrCat(
+                         "acquire ", seq, ": layer ", request.layer(), " is not an MoE layer of ",
+                         model_->name())));
+  }
+  for (uint32_t e : request.experts()) {
+    if (e >= layer->n_expert) {
+      return Fail(seq, absl::InvalidArgumentError(
+                           absl::StrCat("acquire ", seq, ": expert ", e, " of layer ",
+                                        request.layer(), " is out of range (the layer has ",
+                                        layer->n_expert, " experts)")));
+    }
+  }
+  bool over = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    over = leases_.size() + pending_ >= limits.max_leases_per_session;
+    if (!over) {
+      ++pending_;
+      ++counters_.acquires;
+    }
+  }
+  if (over) {
+    return Fail(seq, absl::ResourceExhaustedError(absl::StrCat(
+                         "acquire ", seq, ": the session holds ", limits.max_leases_per_session,
+                         " leases (the per-session limit); release some first")));
+  }
+  std::vector<uint32_t> experts(request.experts().begin(), request.experts().end());
+  model_->engine().AcquireAsync(
+      request.layer(), experts,
+      [self = shared_from_this(), seq](absl::StatusOr<Grant> grant) {
+        if (!grant.ok()) {
+          {
+            std::lock_guard<std::mutex> lock(self->mu_);
+            --self->pending_;
+          }
+          return self->Fail(seq, ForClient(grant.status()));
+        }
+        v1::SessionResponse r;
+        {
+          std::lock_guard<std::mutex> lock(self->mu_);
+          --self->pending_;
+          if (!self->ended_) {
+            const uint64_t lease = self->next_lease_++;
+            v1::Grant* g = r.mutable_grant();
+            g->set_seq(seq);
+            g->set_lease(lease);
+            g->set_layer(grant->layer);
+            g->set_stall_us(static_cast<uint64_t>(absl::ToInt64Microseconds(grant->stall)));
+            for (const GrantedSlot& s : grant->slots) {
+              v1::GrantedSlot* out = g->add_slots();
+              out->set_expert(s.expert);
+              out->set_slot_class(s.slot_class);
+              out->set_slot(s.slot);
+              out->set_generation(s.generation);
+              out->set_hit(s.hit);
+              ++(s.hit ? self->counters_.hits : self->counters_.misses);
+            }
+            const auto ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(grant->stall));
+            self->counters_.stall.Add(ns);
+            self->model_->RecordStall(ns);
+            self->leases_.emplace(lease, Lease{*std::move(grant), absl::Now()});
+          }
+        }
+        if (r.has_grant()) return self->Push(std::move(r));
+        // The stream ended while the read was in flight: nobody will ever see this grant.
+        self->Reclaim(*grant);
+      });
+}
+
+void Session::Prefetch(const v1::Prefetch& request) {
+  if (registry_->draining()) return;
+  const MoeLayer* layer = model_->catalog().FindLayer(request.layer());
+  if (layer == nullptr) return;  // a hint: a bad one is ignored, never an error
+  std::vector<uint32_t> experts;
+  for (uint32_t e : request.experts()) {
+    if (e < layer->n_expert && experts.size() < registry_->limits().max_experts_per_acquire) {
+      experts.push_back(e);
+    }
+  }
+  if (!experts.empty()) model_->engine().Prefetch(request.layer(), experts);
+}
+
+bool Session::DonePassed(const Grant& grant) const {
+  for (const GrantedSlot& s : grant.slots) {
+    if (model_->Done(s.slot_class, s.slot) < s.generation) return false;
+  }
+  return true;
+}
+
+void Session::Release(const v1::Release& request) {
+  const uint64_t lease = request.lease();
+  absl::Status refused;
+  Grant grant;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = leases_.find(lease);
+    if (it == leases_.end()) {
+      refused = absl::NotFoundError(absl::StrCat(
+          "release ", request.seq(), ": lease ", lease,
+          " is not held by this session (never granted, released already, or expired)"));
+    } else {
+      for (const GrantedSlot& s : it->second.grant.slots) {
+        const uint64_t done = model_->Done(s.slot_class, s.slot);
+        if (done < s.generation) {
+          refused = absl::FailedPreconditionError(absl::StrCat(
+              "release ", request.seq(), ": lease ", lease, ": expert ", s.expert, " (class ",
+              s.slot_class, " slot ", s.slot, ") has done ", done, " < generation ",
+              s.generation, "; signal done for every slot before releasing"));
+          break;
+        }
+      }
+      if (refused.ok()) {
+        grant = std::move(it->second.grant);
+        leases_.erase(it);
+      }
+    }
+  }
+  if (!refused.ok()) return Fail(request.seq(), refused);
+  model_->engine().Release(grant);
+}
+
+void Session::Reclaim(const Grant& grant) {
+  for (const GrantedSlot& s : grant.slots) model_->ForceDone(s.slot_class, s.slot, s.generation);
+  model_->engine().Release(grant);
+}
+
+SessionCounters Session::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SessionCounters c = counters_;
+  c.leases_held = static_cast<uint32_t>(leases_.size());
+  return c;
+}
+
+v1::SessionStats Session::Stats() const {
+  const SessionCounters c = counters();
+  v1::SessionStats s;
+  s.set_session(id_.substr(0, 8));
+  s.set_client_name(client_name_);
+  s.set_client_pid(peer_.pid);
+  s.set_acquires(c.acquires);
+  s.set_hits(c.hits);
+  s.set_misses(c.misses);
+  s.set_errors(c.errors);
+  s.set_leases_held(c.leases_held);
+  s.set_acquire_p50_us(c.stall.Quantile(0.50) / 1e3);
+  s.set_acquire_p99_us(c.stall.Quantile(0.99) / 1e3);
+  return s;
+}
+
+// ---- SessionRegistry -------------------------------------------------------------------------
+
+SessionRegistry::SessionRegistry(SessionLimits limits) : limits_(limits) {
+  reaper_ = std::thread([this] { ReaperLoop(); });
+}
+
+SessionRegistry::~SessionRegistry() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  reaper_.join();
+  // Whatever is still held goes back to the engines, which outlive the registry.
+  std::vector<std::shared_ptr<Session>> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, s] : sessions_) all.push_back(s);
+    for (Draining& d : ended_) all.push_back(d.session);
+    sessions_.clear();
+    ended_.clear();
+  }
+  for (const std::shared_ptr<Session>& s : all) {
+    std::map<uint64_t, Session::Lease> leases;
+    {
+      std::lock_guard<std::mutex> lock(s->mu_);
+      s->ended_ = true;
+      s->outbox_.reset();
+      leases.swap(s->leases_);
+    }
+    for (auto& [id, lease] : leases) s->Reclaim(lease.grant);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(ServedModel* model,
+                                                               const Peer& peer,
+                                                               std::string client_name) {
+  if (client_name.size() > 64) client_name.resize(64);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (draining_) {
+    return absl::UnavailableError("the daemon is shutting down: no new sessions");
+  }
+  if (sessions_.size() >= limits_.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the daemon serves ", sessions_.size(), " sessions (limits.max_sessions); close one first"));
+  }
+  std::shared_ptr<Session> s(
+      new Session(this, NewSessionId(), model, peer, std::move(client_name)));
+  sessions_.emplace(s->id(), s);
+  return s;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(const std::string& id,
+                                                                 const Peer& peer,
+                                                                 std::shared_ptr<Outbox> outbox) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(
+        "unknown session id (never opened, ended, or not attached within the attach timeout)");
+  }
+  const std::shared_ptr<Session>& s = it->second;
+  if (s->peer_.unix_socket && peer.uid != s->peer_.uid) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "session ", id.substr(0, 8), " was opened by uid ", s->peer_.uid, ", not ", peer.uid));
+  }
+  std::lock_guard<std::mutex> slock(s->mu_);
+  if (s->attached_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id.substr(0, 8), " already has a Session stream"));
+  }
+  s->attached_ = true;
+  s->outbox_ = std::move(outbox);
+  return s;
+}
+
+void SessionRegistry::End(const std::shared_ptr<Session>& session) {
+  std::vector<Grant> now;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(session->id());
+    if (it != sessions_.end() && it->second == session) sessions_.erase(it);
+    std::lock_guard<std::mutex> slock(session->mu_);
+    if (session->ended_) return;
+    session->ended_ = true;
+    session->outbox_.reset();
+    // Leases whose done fences passed go back at once; the rest drain in the reaper.
+    for (auto lit = session->leases_.begin(); lit != session->leases_.end();) {
+      if (session->DonePassed(lit->second.grant)) {
+        now.push_back(std::move(lit->second.grant));
+        lit = session->leases_.erase(lit);
+      } else {
+        ++lit;
+      }
+    }
+    if (!session->leases_.empty()) {
+      ended_.push_back({session, absl::Now() + limits_.lease_ttl});
+    }
+  }
+  for (const Grant& g : now) session->model().engine().Release(g);
+  Notify();
+}
+
+void SessionRegistry::BeginDrain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+}
+
+bool SessionRegistry::draining() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return draining_;
+}
+
+uint64_t SessionRegistry::LeasesOutstanding() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t n = 0;
+  for (const auto& [id, s] : sessions_) {
+    std::lock_guard<std::mutex> slock(s->mu_);
+    n += s->leases_.size() + s->pending_;
+  }
+  for (const Draining& d : ended_) {
+    std::lock_guard<std::mutex> slock(d.session->mu_);
+    n += d.session->leases_.size();
+  }
+  return n;
+}
+
+bool SessionRegistry::WaitDrained(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (LeasesOutstanding() > 0) {
+    if (absl::Now() >= deadline) return false;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+std::vector<std::shared_ptr<Session>> SessionRegistry::Sessions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<Session>> out;
+  for (const auto& [id, s] : sessions_) out.push_back(s);
+  return out;
+}
+
+size_t SessionRegistry::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sessions_.size();
+}
+
+void SessionRegistry::Notify() { cv_.notify_all(); }
+
+void SessionRegistry::ReapOnce(absl::Time now) {
+  struct Expired {
+    std::shared_ptr<Session> session;
+    uint64_t lease;
+    Grant grant;
+  };
+  std::vector<Expired> expired;  // reclaimed from live sessions: the client is told
+  std::vector<std::pair<std::shared_ptr<Session>, Grant>> released;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      Session& s = *it->second;
+      std::lock_guard<std::mutex> slock(s.mu_);
+      if (!s.attached_ && now - s.opened_at_ > limits_.attach_timeout) {
+        it = sessions_.erase(it);
+        continue;
+      }
+      for (auto lit = s.leases_.begin(); lit != s.leases_.end();) {
+        if (now - lit->second.granted_at > limits_.lease_ttl) {
+          expired.push_back({it->second, lit->first, std::move(lit->second.grant)});
+          lit = s.leases_.erase(lit);
+        } else {
+          ++lit;
+        }
+      }
+      ++it;
+    }
+    for (auto it = ended_.begin(); it != ended_.end();) {
+      Session& s = *it->session;
+      const bool force = now >= it->deadline || ProcessExited(s.pidfd_);
+      std::lock_guard<std::mutex> slock(s.mu_);
+      for (auto lit = s.leases_.begin(); lit != s.leases_.end();) {
+        if (force || s.DonePassed(lit->second.grant)) {
+          released.emplace_back(it->session, std::move(lit->second.grant));
+          lit = s.leases_.erase(lit);
+        } else {
+          ++lit;
+        }
+      }
+      it = s.leases_.empty() ? ended_.erase(it) : it + 1;
+    }
+  }
+  for (Expired& e : expired) {
+    e.session->Reclaim(e.grant);
+    v1::SessionResponse r;
+    r.mutable_lease_expired()->set_lease(e.lease);
+    e.session->Push(std::move(r));
+  }
+  // Draining leases: ForceDone is a no-op where the client did signal done.
+  for (auto& [session, grant] : released) session->Reclaim(grant);
+  if (!expired.empty() || !released.empty()) Notify();
+}
+
+void SessionRegistry::ReaperLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(limits_.reap_interval));
+    if (stop_) break;
+    lock.unlock();
+    ReapOnce(absl::Now());
+    lock.lock();
+  }
+}
+
+}  // namespace expertd

@@ -1,0 +1,177 @@
+// Sessions and leases, without gRPC. A session belongs to one model and one client; each
+// granted acquire is a lease the client gives back with Release after signalling done for its
+// slots. The registry enforces the limits and reclaims what clients leave behind:
+//  - a session that is opened but never attached within attach_timeout is dropped;
+//  - a lease held longer than lease_ttl (a client hanging while connected) is reclaimed: the
+//    daemon signals done on the client's behalf, releases it and tells the session
+//    (LeaseExpired);
+//  - when a session ends (its stream closed for any reason), each lease is released once its
+//    done fences pass, or at once when the client process has exited (pidfd), or after
+//    lease_ttl at the latest.
+// Nothing here blocks on I/O: grants arrive on engine threads and go out through the session's
+// Outbox. Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/engine.h"
+#include "expertd/v1/service.pb.h"
+#include "served_model.h"
+#include "util/latency_histogram.h"
+
+namespace expertd {
+
+struct SessionLimits {
+  uint32_t max_sessions = 64;
+  uint32_t max_leases_per_session = 1024;
+  uint32_t max_experts_per_acquire = 64;
+  absl::Duration lease_ttl = absl::Seconds(60);
+  absl::Duration attach_timeout = absl::Seconds(10);
+  uint64_t max_message_bytes = uint64_t{4} << 20;
+  absl::Duration reap_interval = absl::Milliseconds(50);
+};
+
+// Who is on the other end of a connection (SO_PEERCRED on the Unix socket; unknown on TCP).
+struct Peer {
+  bool unix_socket = false;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  int64_t pid = 0;
+};
+
+// Where a session's replies go: the stream's write queue. Push returns false once the stream
+// is closed (the message is dropped).
+class Outbox {
+ public:
+  virtual ~Outbox() = default;
+  virtual bool Push(v1::SessionResponse message) = 0;
+};
+
+struct SessionCounters {
+  uint64_t acquires = 0;
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t errors = 0;
+  uint32_t leases_held = 0;
+  LatencyHistogram stall;
+};
+
+class SessionRegistry;
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  const std::string& id() const { return id_; }
+  ServedModel& model() const { return *model_; }
+  const Peer& peer() const { return peer_; }
+  const std::string& client_name() const { return client_name_; }
+
+  // Handles one request of the stream. Answers (Grant, RequestError, LeaseExpired) go to the
+  // outbox given at Attach, possibly before this returns.
+  void Acquire(const v1::Acquire& request);
+  void Prefetch(const v1::Prefetch& request);
+  void Release(const v1::Release& request);
+
+  SessionCounters counters() const;
+  v1::SessionStats Stats() const;
+
+  ~Session();
+
+ private:
+  friend class SessionRegistry;
+  struct Lease {
+    Grant grant;
+    absl::Time granted_at;
+  };
+  Session(SessionRegistry* registry, std::string id, ServedModel* model, Peer peer,
+          std::string client_name);
+  void Fail(uint64_t seq, const absl::Status& status);
+  void Push(v1::SessionResponse message);
+  // Signals done for every slot of `grant` on the client's behalf and releases it.
+  void Reclaim(const Grant& grant);
+  bool DonePassed(const Grant& grant) const;
+
+  SessionRegistry* const registry_;
+  const std::string id_;
+  ServedModel* const model_;
+  const Peer peer_;
+  const std::string client_name_;
+  const absl::Time opened_at_;
+  int pidfd_ = -1;  // the client process, to see it exit (Linux pidfd); -1 when unknown
+
+  mutable std::mutex mu_;
+  std::shared_ptr<Outbox> outbox_;  // set by Attach, cleared by End
+  bool attached_ = false;
+  bool ended_ = false;
+  uint32_t pending_ = 0;  // acquires sent to the engine and not answered yet
+  uint64_t next_lease_ = 1;
+  std::map<uint64_t, Lease> leases_;
+  SessionCounters counters_;
+};
+
+class SessionRegistry {
+ public:
+  explicit SessionRegistry(SessionLimits limits);
+  ~SessionRegistry();  // reclaims everything still held
+
+  const SessionLimits& limits() const { return limits_; }
+
+  // A new session on `model`. ResourceExhausted at max_sessions; FailedPrecondition while
+  // draining.
+  absl::StatusOr<std::shared_ptr<Session>> Open(ServedModel* model, const Peer& peer,
+                                                std::string client_name);
+  // Binds the session's stream. NotFound for an unknown (or expired) id; FailedPrecondition when
+  // the session already has a stream, or PermissionDenied when `peer` is not the opener's uid.
+  absl::StatusOr<std::shared_ptr<Session>> Attach(const std::string& id, const Peer& peer,
+                                                  std::shared_ptr<Outbox> outbox);
+  // The session's stream ended: the session is gone; its leases drain (see the file comment).
+  void End(const std::shared_ptr<Session>& session);
+
+  // Shutdown: new acquires and sessions are refused from now on.
+  void BeginDrain();
+  bool draining() const;
+  // Leases held by live sessions plus leases still draining.
+  uint64_t LeasesOutstanding() const;
+  // Waits until no lease is outstanding or `timeout` passed; true when none is left.
+  bool WaitDrained(absl::Duration timeout);
+
+  std::vector<std::shared_ptr<Session>> Sessions() const;
+  size_t size() const;
+
+  // One pass of the reaper (the registry's thread runs it every reap_interval; tests call it).
+  void ReapOnce(absl::Time now);
+
+ private:
+  friend class Session;
+  struct Draining {
+    std::shared_ptr<Session> session;
+    absl::Time deadline;
+  };
+  void ReaperLoop();
+  void Notify();
+
+  const SessionLimits limits_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool draining_ = false;
+  std::map<std::string, std::shared_ptr<Session>> sessions_;
+  std::vector<Draining> ended_;
+  std::thread reaper_;
+};
+
+// A 128-bit random token in hex.
+std::string NewSessionId();
+
+}  // namespace expertd

@@ -1,0 +1,200 @@
+#include "unix_listener.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <grpcpp/server.h>
+#include <grpcpp/server_posix.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "util/status.h"
+
+namespace expertd {
+namespace {
+
+absl::Status Errno(std::string_view what, const std::string& path) {
+  const int err = errno;
+  return absl::Status(err == EACCES || err == EPERM ? absl::StatusCode::kPermissionDenied
+                                                    : absl::StatusCode::kFailedPrecondition,
+                      absl::StrCat(AV(what), " ", path, ": ", std::strerror(err)));
+}
+
+// The peer's supplementary groups, from /proc/<pid>/status ("Groups: 4 24 27"). SO_PEERCRED
+// carries only the primary gid.
+std::vector<uint32_t> PeerGroups(pid_t pid, uint32_t primary) {
+  std::vector<uint32_t> groups{primary};
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Groups:", 0) != 0) continue;
+    std::istringstream in(line.substr(7));
+    uint32_t g;
+    while (in >> g) groups.push_back(g);
+  }
+  return groups;
+}
+
+}  // namespace
+
+bool PeerAllowed(uint32_t uid, const std::vector<uint32_t>& groups, uint32_t daemon_uid,
+                 const UnixListenerOptions& options) {
+  if (uid == daemon_uid) return true;
+  if (std::find(options.allowed_uids.begin(), options.allowed_uids.end(), uid) !=
+      options.allowed_uids.end()) {
+    return true;
+  }
+  for (uint32_t g : groups) {
+    if (std::find(options.allowed_gids.begin(), options.allowed_gids.end(), g) !=
+        options.allowed_gids.end()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(UnixListenerOptions options,
+                                                                 PeerTable* peers) {
+  const std::string& path = options.path;
+  sockaddr_un addr{};
+  if (path.empty() || path.size() >= sizeof addr.sun_path) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "listen.unix_socket: '", path, "' must be a path of 1..", sizeof addr.sun_path - 1,
+        " bytes"));
+  }
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!dir.empty() && !std::filesystem::exists(dir, ec)) {
+    std::filesystem::create_directories(dir.parent_path(), ec);
+    if (mkdir(dir.c_str(), options.directory_mode) != 0 && errno != EEXIST) {
+      return Errno("cannot create the socket directory", dir.string());
+    }
+    // mkdir's mode passes through the umask; set it exactly.
+    if (chmod(dir.c_str(), options.directory_mode) != 0) return Errno("chmod", dir.string());
+  }
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno("socket", path);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  struct stat st{};
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      close(fd);
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " exists and is not a socket; refusing to replace it"));
+    }
+    // A daemon answering there still owns it; an unanswered socket file is stale.
+    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool live =
+        probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    if (probe >= 0) close(probe);
+    if (live) {
+      close(fd);
+      return absl::AlreadyExistsError(
+          absl::StrCat(path, ": another expertd is serving on this socket"));
+    }
+    unlink(path.c_str());
+  }
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    absl::Status err = Errno("bind", path);
+    close(fd);
+    return err;
+  }
+  if (chmod(path.c_str(), options.socket_mode) != 0 || listen(fd, 128) != 0) {
+    absl::Status err = Errno("chmod/listen", path);
+    close(fd);
+    unlink(path.c_str());
+    return err;
+  }
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    absl::Status err = Errno("eventfd for", path);
+    close(fd);
+    unlink(path.c_str());
+    return err;
+  }
+  return std::unique_ptr<UnixListener>(new UnixListener(std::move(options), peers, fd, wake));
+}
+
+UnixListener::UnixListener(UnixListenerOptions options, PeerTable* peers, int fd, int wake_fd)
+    : options_(std::move(options)), peers_(peers), fd_(fd), wake_fd_(wake_fd) {}
+
+UnixListener::~UnixListener() {
+  Stop();
+  if (fd_ >= 0) close(fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+  unlink(options_.path.c_str());
+}
+
+void UnixListener::Start(grpc::Server* server) {
+  thread_ = std::thread([this, server] { AcceptLoop(server); });
+}
+
+void UnixListener::Stop() {
+  if (!thread_.joinable()) return;
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof one);
+  thread_.join();
+}
+
+void UnixListener::AcceptLoop(grpc::Server* server) {
+  const uint32_t daemon_uid = getuid();
+  for (;;) {
+    pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      spdlog::error("unix listener {}: poll: {}", options_.path, std::strerror(errno));
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    const int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (conn < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
+      spdlog::warn("unix listener {}: accept: {}", options_.path, std::strerror(errno));
+      // EMFILE and friends: back off instead of spinning.
+      poll(nullptr, 0, 100);
+      continue;
+    }
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      spdlog::warn("unix listener: SO_PEERCRED: {}; connection refused", std::strerror(errno));
+      close(conn);
+      refused_.fetch_add(1);
+      continue;
+    }
+    const std::vector<uint32_t> groups = PeerGroups(cred.pid, cred.gid);
+    if (!PeerAllowed(cred.uid, groups, daemon_uid, options_)) {
+      spdlog::warn(
+          "unix listener: refused pid {} uid {} gid {}: not the daemon's uid and not in "
+          "listen.allowed_uids / listen.allowed_gids",
+          cred.pid, cred.uid, cred.gid);
+      close(conn);
+      refused_.fetch_add(1);
+      continue;
+    }
+    Peer peer;
+    peer.unix_socket = true;
+    peer.uid = cred.uid;
+    peer.gid = cred.gid;
+    peer.pid = cred.pid;
+    peers_->Put(conn, peer);
+    spdlog::debug("unix listener: connection from pid {} uid {} (fd {})", cred.pid, cred.uid,
+                  conn);
+    grpc::AddInsecureChannelFromFd(server, conn);
+  }
+}
+
+}  // namespace expertd
