@@ -1,0 +1,430 @@
+#include "client.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "device/host/host_device.h"
+#include "expertd/v1/service.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace expertd::client {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s, std::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(absl::string_view(what.data(), what.size()), ": ",
+                                   s.error_message()));
+}
+
+SharedHandle ToHandle(const v1::SharedMemory& m) {
+  SharedHandle h;
+  h.kind = m.cuda_ipc_handle().empty() ? SharedHandle::Kind::kHostShm : SharedHandle::Kind::kCudaIpc;
+  h.shm_name = m.shm_name();
+  h.fd = m.fd();
+  h.owner_pid = m.owner_pid();
+  h.dev = m.dev();
+  h.inode = m.inode();
+  h.ipc_handle = m.cuda_ipc_handle();
+  return h;
+}
+
+// Arenas mapped by this process, shared by all its sessions: an engine with several sessions on
+// one model maps each arena once. Keyed by the object's identity; entries die with their last
+// session.
+class ArenaCache {
+ public:
+  static ArenaCache& Get() {
+    static ArenaCache* cache = new ArenaCache();  // never destroyed: sessions may outlive main
+    return *cache;
+  }
+  absl::StatusOr<std::shared_ptr<MappedArena>> Map(const v1::ArenaHandle& h) {
+    const auto key = std::make_tuple(h.memory().dev(), h.memory().inode(), h.memory().owner_pid());
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = arenas_.find(key); it != arenas_.end()) {
+      if (std::shared_ptr<MappedArena> live = it->second.lock()) return live;
+    }
+    ArenaExport ex;
+    ex.handle = ToHandle(h.memory());
+    ex.bytes = h.bytes();
+    ex.reserved_bytes = h.reserved_bytes();
+    ex.label = h.label();
+    absl::StatusOr<MappedArena> mapped = MapArena(ex);
+    if (!mapped.ok()) return mapped.status();
+    auto shared = std::make_shared<MappedArena>(*std::move(mapped));
+    arenas_[key] = shared;
+    return shared;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::tuple<uint64_t, uint64_t, int64_t>, std::weak_ptr<MappedArena>> arenas_;
+};
+
+struct SlotClassView {
+  std::vector<std::shared_ptr<MappedArena>> arenas;
+  std::vector<uint64_t> strides;
+  std::unique_ptr<MappedFences> fences;
+};
+
+class SessionImpl final : public Session {
+ public:
+  SessionImpl(std::shared_ptr<grpc::Channel> channel, v1::OpenSessionResponse info,
+              std::vector<SlotClassView> classes)
+      : stub_(v1::Expertd::NewStub(channel)), info_(std::move(info)),
+        classes_(std::move(classes)) {}
+
+  ~SessionImpl() override { Close(); }
+
+  absl::Status Start() {
+    stream_ = stub_->Session(&context_);
+    v1::SessionRequest attach;
+    attach.mutable_attach()->set_session_id(info_.session_id());
+    v1::SessionResponse reply;
+    if (!stream_->Write(attach) || !stream_->Read(&reply) || !reply.has_attached()) {
+      grpc::Status st = stream_->Finish();
+      stream_.reset();
+      return FromGrpc(st.ok() ? grpc::Status(grpc::StatusCode::UNKNOWN, "no Attached reply") : st,
+                      "attach");
+    }
+    reader_ = std::thread([this] { ReadLoop(); });
+    return absl::OkStatus();
+  }
+
+  const v1::ModelInfo& model() const override { return info_.model(); }
+  const v1::OpenSessionResponse& info() const override { return info_; }
+
+  absl::StatusOr<Lease> Acquire(uint32_t layer, std::span<const uint32_t> experts,
+                                absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::Duration backoff = absl::Microseconds(200);
+    for (;;) {
+      absl::StatusOr<v1::Grant> grant = AcquireOnce(layer, experts, deadline);
+      if (grant.ok()) return ToLease(*grant, deadline);
+      if (grant.status().code() != absl::StatusCode::kUnavailable || closed()) return grant.status();
+      if (absl::Now() + backoff >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "acquire layer ", layer, ": no slots free before the timeout (", grant.status().message(), ")"));
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Milliseconds(20));
+    }
+  }
+
+  absl::Status Prefetch(uint32_t layer, std::span<const uint32_t> experts) override {
+    v1::SessionRequest r;
+    r.mutable_prefetch()->set_layer(layer);
+    for (uint32_t e : experts) r.mutable_prefetch()->add_experts(e);
+    return SendRaw(r);
+  }
+
+  absl::Status Release(const Lease& lease) override {
+    for (const SlotView& s : lease.slots) {
+      MappedFences* f = classes_.at(s.slot_class).fences.get();
+      if (f->done(s.slot) < s.generation) {
+        absl::Status st = f->SignalDone(s.slot, s.generation);
+        if (!st.ok() && f->done(s.slot) < s.generation) return st;
+      }
+    }
+    v1::SessionRequest r;
+    r.mutable_release()->set_seq(NextSeq());
+    r.mutable_release()->set_lease(lease.id);
+    return SendRaw(r);
+  }
+
+  absl::Status SendRaw(const v1::SessionRequest& request) override {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    if (!stream_ || closed()) return absl::UnavailableError("the session stream has ended");
+    if (!stream_->Write(request)) return absl::UnavailableError("the session stream has ended");
+    return absl::OkStatus();
+  }
+
+  std::vector<v1::RequestError> TakeAsyncErrors() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(async_errors_, {});
+  }
+  std::vector<uint64_t> TakeExpiredLeases() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(expired_, {});
+  }
+
+  void Close() override {
+    {
+      std::lock_guard<std::mutex> lock(write_mu_);
+      if (!stream_ || writes_done_) return;
+      writes_done_ = true;
+      stream_->WritesDone();
+    }
+    if (reader_.joinable()) reader_.join();
+  }
+
+ private:
+  struct Waiter {
+    bool answered = false;
+    bool abandoned = false;
+    v1::Grant grant;
+    absl::Status status;
+  };
+
+  uint64_t NextSeq() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return next_seq_++;
+  }
+  bool closed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stream_ended_;
+  }
+
+  absl::StatusOr<v1::Grant> AcquireOnce(uint32_t layer, std::span<const uint32_t> experts,
+                                        absl::Time deadline) {
+    auto waiter = std::make_shared<Waiter>();
+    v1::SessionRequest r;
+    uint64_t seq;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stream_ended_) return absl::UnavailableError(absl::StrCat("the session stream has ended: ", end_reason_));
+      seq = next_seq_++;
+      waiters_[seq] = waiter;
+    }
+    r.mutable_acquire()->set_seq(seq);
+    r.mutable_acquire()->set_layer(layer);
+    for (uint32_t e : experts) r.mutable_acquire()->add_experts(e);
+    if (absl::Status st = SendRaw(r); !st.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      waiters_.erase(seq);
+      return st;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!waiter->answered) {
+      if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout &&
+          !waiter->answered) {
+        // The grant may still come: the reader thread gives it back then.
+        waiter->abandoned = true;
+        return absl::DeadlineExceededError(absl::StrCat("acquire layer ", layer, ": no grant before the timeout"));
+      }
+    }
+    if (!waiter->status.ok()) return waiter->status;
+    return std::move(waiter->grant);
+  }
+
+  absl::StatusOr<Lease> ToLease(const v1::Grant& g, absl::Time deadline) {
+    Lease lease;
+    lease.id = g.lease();
+    lease.layer = g.layer();
+    lease.stall = absl::Microseconds(static_cast<int64_t>(g.stall_us()));
+    for (const v1::GrantedSlot& s : g.slots()) {
+      if (s.slot_class() >= classes_.size()) {
+        return absl::InternalError(absl::StrCat("grant names slot class ", s.slot_class()));
+      }
+      const SlotClassView& c = classes_[s.slot_class()];
+      absl::Status ready = c.fences->WaitReady(s.slot(), s.generation(), deadline - absl::Now());
+      if (!ready.ok()) return ready;
+      SlotView v;
+      v.expert = s.expert();
+      v.slot_class = s.slot_class();
+      v.slot = s.slot();
+      v.generation = s.generation();
+      v.hit = s.hit();
+      for (size_t p = 0; p < c.arenas.size(); ++p) {
+        const uint64_t off = uint64_t{s.slot()} * c.strides[p];
+        std::span<const uint8_t> all = c.arenas[p]->data();
+        if (off + c.strides[p] > all.size()) {
+          return absl::InternalError(absl::StrCat("slot ", s.slot(), " lies outside its arena"));
+        }
+        v.projections.push_back(all.subspan(off, c.strides[p]));
+      }
+      lease.slots.push_back(std::move(v));
+    }
+    return lease;
+  }
+
+  // Gives back a grant nobody will read (its acquire timed out).
+  void GiveBack(const v1::Grant& g) {
+    for (const v1::GrantedSlot& s : g.slots()) {
+      if (s.slot_class() >= classes_.size()) continue;
+      MappedFences* f = classes_[s.slot_class()].fences.get();
+      if (f->done(s.slot()) < s.generation()) (void)f->SignalDone(s.slot(), s.generation());
+    }
+    v1::SessionRequest r;
+    r.mutable_release()->set_seq(0);
+    r.mutable_release()->set_lease(g.lease());
+    (void)SendRaw(r);
+  }
+
+  void ReadLoop() {
+    v1::SessionResponse resp;
+    while (stream_->Read(&resp)) {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (resp.has_grant() || resp.has_error()) {
+        const uint64_t seq = resp.has_grant() ? resp.grant().seq() : resp.error().seq();
+        auto it = waiters_.find(seq);
+        if (it == waiters_.end()) {
+          if (resp.has_error()) async_errors_.push_back(resp.error());
+          continue;
+        }
+        std::shared_ptr<Waiter> w = it->second;
+        waiters_.erase(it);
+        if (w->abandoned) {
+          lock.unlock();
+          if (resp.has_grant()) GiveBack(resp.grant());
+          continue;
+        }
+        w->answered = true;
+        if (resp.has_grant()) {
+          w->grant = std::move(*resp.mutable_grant());
+        } else {
+          w->status = absl::Status(static_cast<absl::StatusCode>(resp.error().code()),
+                                   resp.error().message());
+        }
+        cv_.notify_all();
+      } else if (resp.has_lease_expired()) {
+        expired_.push_back(resp.lease_expired().lease());
+      }
+    }
+    const grpc::Status st = stream_->Finish();
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_ended_ = true;
+    end_reason_ = st.ok() ? "closed" : st.error_message();
+    for (auto& [seq, w] : waiters_) {
+      w->answered = true;
+      w->status = absl::UnavailableError(absl::StrCat("the session stream ended: ", end_reason_));
+    }
+    waiters_.clear();
+    cv_.notify_all();
+  }
+
+  std::unique_ptr<v1::Expertd::Stub> stub_;
+  const v1::OpenSessionResponse info_;
+  std::vector<SlotClassView> classes_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
+  std::thread reader_;
+  std::mutex write_mu_;
+  bool writes_done_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t next_seq_ = 1;
+  std::map<uint64_t, std::shared_ptr<Waiter>> waiters_;
+  std::vector<v1::RequestError> async_errors_;
+  std::vector<uint64_t> expired_;
+  bool stream_ended_ = false;
+  std::string end_reason_;
+};
+
+class ClientImpl final : public Client {
+ public:
+  ClientImpl(std::shared_ptr<grpc::Channel> channel, std::string token)
+      : channel_(std::move(channel)), token_(std::move(token)),
+        stub_(v1::Expertd::NewStub(channel_)) {}
+
+  void Prepare(grpc::ClientContext& ctx, absl::Duration timeout = absl::Seconds(10)) const {
+    if (!token_.empty()) ctx.AddMetadata("authorization", "Bearer " + token_);
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
+
+  absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() override {
+    grpc::ClientContext ctx;
+    Prepare(ctx);
+    v1::ListModelsResponse resp;
+    absl::Status st = FromGrpc(stub_->ListModels(&ctx, {}, &resp), "ListModels");
+    if (!st.ok()) return st;
+    return std::vector<v1::ModelInfo>(resp.models().begin(), resp.models().end());
+  }
+
+  absl::StatusOr<v1::GetStatsResponse> GetStats(const std::string& model) override {
+    grpc::ClientContext ctx;
+    Prepare(ctx);
+    v1::GetStatsRequest req;
+    req.set_model(model);
+    v1::GetStatsResponse resp;
+    absl::Status st = FromGrpc(stub_->GetStats(&ctx, req, &resp), "GetStats");
+    if (!st.ok()) return st;
+    return resp;
+  }
+
+  absl::StatusOr<bool> Health(const std::string& service) override {
+    auto stub = grpc::health::v1::Health::NewStub(channel_);
+    grpc::ClientContext ctx;
+    Prepare(ctx, absl::Seconds(5));
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    grpc::health::v1::HealthCheckResponse resp;
+    absl::Status st = FromGrpc(stub->Check(&ctx, req, &resp), "Health.Check");
+    if (!st.ok()) return st;
+    return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+  }
+
+  absl::StatusOr<std::unique_ptr<Session>> OpenSession(const SessionOptions& options) override {
+    grpc::ClientContext ctx;
+    Prepare(ctx);
+    v1::OpenSessionRequest req;
+    req.set_model(options.model);
+    req.set_device(options.device);
+    req.set_client_pid(getpid());
+    req.set_client_name(options.client_name);
+    v1::OpenSessionResponse resp;
+    absl::Status st = FromGrpc(stub_->OpenSession(&ctx, req, &resp), "OpenSession");
+    if (!st.ok()) return st;
+    if (resp.device_kind() != "host") {
+      return absl::UnimplementedError(absl::StrCat(
+          "the daemon serves ", resp.device(), "; this client maps host-device sessions only"));
+    }
+    std::vector<SlotClassView> classes;
+    for (const v1::SlotClassHandles& h : resp.slot_classes()) {
+      SlotClassView c;
+      for (const v1::ArenaHandle& a : h.arenas()) {
+        absl::StatusOr<std::shared_ptr<MappedArena>> m = ArenaCache::Get().Map(a);
+        if (!m.ok()) return m.status();
+        c.arenas.push_back(*std::move(m));
+        c.strides.push_back(a.slot_stride());
+      }
+      FenceExport fx;
+      fx.handle = ToHandle(h.fences().memory());
+      fx.n_slots = h.fences().n_slots();
+      fx.segment_bytes = h.fences().segment_bytes();
+      fx.done_offset = h.fences().done_offset();
+      absl::StatusOr<MappedFences> f = MapFences(fx);
+      if (!f.ok()) return f.status();
+      c.fences = std::make_unique<MappedFences>(*std::move(f));
+      classes.push_back(std::move(c));
+    }
+    auto session = std::make_unique<SessionImpl>(channel_, std::move(resp), std::move(classes));
+    if (absl::Status a = session->Start(); !a.ok()) return a;
+    return std::unique_ptr<Session>(std::move(session));
+  }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  const std::string token_;
+  std::unique_ptr<v1::Expertd::Stub> stub_;
+};
+
+}  // namespace
+
+std::string ChannelTarget(const std::string& address) {
+  if (address.rfind("unix:", 0) == 0) return address;
+  if (!address.empty() && address[0] == '/') return "unix://" + address;
+  return address;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& options) {
+  if (options.address.empty()) return absl::InvalidArgumentError("no daemon address given");
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      ChannelTarget(options.address), grpc::InsecureChannelCredentials(), args);
+  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to ", options.address,
+                                               " (is expertd running, and may this user connect?)"));
+  }
+  return std::unique_ptr<Client>(new ClientImpl(std::move(channel), options.token));
+}
+
+}  // namespace expertd::client

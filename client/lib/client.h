@@ -1,0 +1,100 @@
+// The C++ client of expertd, for inference engines and tools. A Client is one channel to the
+// daemon; a Session leases expert slots of one model and reads them in place: the arenas of each
+// slot class are mapped once per process (shared by every session of that process) and a
+// granted expert's projections are pointers into them. expertd_client.h is the C API over this.
+//
+//   auto client = Client::Connect({.address = "unix:///run/expertd/expertd.sock"});
+//   auto session = (*client)->OpenSession({.model = "mixtral"});
+//   auto lease = (*session)->Acquire(layer, experts);      // blocks until every slot is ready
+//   ... run kernels on lease->slots[i].projections[p] ...
+//   (*session)->Release(*lease);                           // signals done, gives slots back
+//
+// Threading: Client and Session are thread-safe; several threads may acquire on one session.
+// Errors are absl::Status with the daemon's gRPC code (docs/protocol.md lists them).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "expertd/v1/service.pb.h"
+
+namespace expertd::client {
+
+struct ConnectOptions {
+  // "unix:///run/expertd/expertd.sock", "unix:/path", or "HOST:PORT" (TCP: no sessions).
+  std::string address;
+  std::string token;  // TCP bearer token; empty for the Unix socket
+  absl::Duration connect_timeout = absl::Seconds(5);
+};
+
+struct SessionOptions {
+  std::string model;
+  std::string device;       // "" = the model's device
+  std::string client_name;  // shown in stats
+  // Acquire retries while the daemon answers UNAVAILABLE (every slot leased right now), with
+  // backoff, up to the acquire's timeout.
+};
+
+// One granted expert: where each projection's bytes are in this process.
+struct SlotView {
+  uint32_t expert = 0;
+  uint32_t slot_class = 0;
+  uint32_t slot = 0;
+  uint64_t generation = 0;
+  bool hit = false;
+  std::vector<std::span<const uint8_t>> projections;  // in SlotClass.projections order
+};
+
+struct Lease {
+  uint64_t id = 0;
+  uint32_t layer = 0;
+  std::vector<SlotView> slots;  // in the order of the requested experts
+  absl::Duration stall;         // daemon-side request-to-grant time
+};
+
+class Session {
+ public:
+  virtual ~Session() = default;  // ends the stream: the daemon releases what is still leased
+  virtual const v1::ModelInfo& model() const = 0;
+  virtual const v1::OpenSessionResponse& info() const = 0;
+  // Leases one slot per expert of `layer`; returns when every slot is ready to read. Retries
+  // UNAVAILABLE until `timeout`; other errors as the daemon sent them (INVALID_ARGUMENT,
+  // RESOURCE_EXHAUSTED, ...), DEADLINE_EXCEEDED after `timeout`, UNAVAILABLE when the stream
+  // ended.
+  virtual absl::StatusOr<Lease> Acquire(uint32_t layer, std::span<const uint32_t> experts,
+                                        absl::Duration timeout = absl::Seconds(30)) = 0;
+  // A prediction: stage these experts of `layer` (most likely first). No answer.
+  virtual absl::Status Prefetch(uint32_t layer, std::span<const uint32_t> experts) = 0;
+  // Signals done for every slot of the lease (this process finished reading), then gives the
+  // lease back. Errors the daemon reports later are collected (TakeAsyncErrors).
+  virtual absl::Status Release(const Lease& lease) = 0;
+  // Sends a raw request on the stream (protocol tests): Release with any lease id, etc.
+  virtual absl::Status SendRaw(const v1::SessionRequest& request) = 0;
+  // Errors answered for requests nobody waits on (releases), and leases the daemon reclaimed.
+  virtual std::vector<v1::RequestError> TakeAsyncErrors() = 0;
+  virtual std::vector<uint64_t> TakeExpiredLeases() = 0;
+  // Ends the stream now (the destructor does it too).
+  virtual void Close() = 0;
+};
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& options);
+  virtual ~Client() = default;
+  virtual absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() = 0;
+  virtual absl::StatusOr<v1::GetStatsResponse> GetStats(const std::string& model = "") = 0;
+  // Opens a session, maps its arenas and fence tables, and attaches its stream.
+  virtual absl::StatusOr<std::unique_ptr<Session>> OpenSession(const SessionOptions& options) = 0;
+  // grpc.health.v1 Check: SERVING is true; NOT_SERVING false; transport/RPC failures are errors.
+  virtual absl::StatusOr<bool> Health(const std::string& service = "") = 0;
+};
+
+// "unix:///p" / "unix:/p" / "/p" → the gRPC target; "host:port" unchanged.
+std::string ChannelTarget(const std::string& address);
+
+}  // namespace expertd::client
