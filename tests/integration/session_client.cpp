@@ -1,0 +1,344 @@
+// A client process for the daemon's integration tests (daemon_*.sh). Modes:
+//   verify ADDR GGUF SECONDS SEED   acquire random experts, check every slot's bytes against the
+//                                   GGUF (plain pread), release; exit 0 when all matched
+//   hold ADDR LEASES                acquire LEASES leases, print "holding N", sleep (kill -9 me)
+//   load ADDR GGUF                  acquire/verify/release until the daemon ends the stream or
+//                                   refuses acquires (drain); exit 0 when nothing mismatched
+//   bad ADDR                        every bad-request class: codes and messages, state unchanged
+//   leases ADDR                     prints "sessions S leases L" from GetStats
+// Every check prints what failed and exits 1.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "catalog/catalog.h"
+#include "client.h"
+#include "expertd/v1/service.grpc.pb.h"
+#include "format/gguf_model.h"
+#include "util/file.h"
+#include "util/hash.h"
+
+namespace {
+
+using expertd::client::Client;
+using expertd::client::Lease;
+using expertd::client::Session;
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "session_client: FAIL: %s\n", what.c_str());
+  std::exit(1);
+}
+
+void Check(bool ok, const std::string& what) {
+  if (!ok) Die(what);
+}
+
+std::unique_ptr<Client> Connect(const std::string& addr) {
+  auto c = Client::Connect({.address = addr});
+  if (!c.ok()) Die(std::string(c.status().message()));
+  return *std::move(c);
+}
+
+std::unique_ptr<Session> Open(Client& c, const std::string& name) {
+  auto s = c.OpenSession({.model = "demo", .client_name = name});
+  if (!s.ok()) Die(absl::StrCat("OpenSession: ", s.status().ToString()));
+  return *std::move(s);
+}
+
+// Expected XXH3 of (layer, expert, projection), read from the model file with pread.
+class Oracle {
+ public:
+  explicit Oracle(const std::string& gguf) {
+    auto model = expertd::GgufModel::Open(gguf);
+    if (!model.ok()) Die(model.status().ToString());
+    auto catalog = expertd::ModelCatalog::Build(*model, nullptr);
+    if (!catalog.ok()) Die(catalog.status().ToString());
+    catalog_ = std::make_unique<expertd::ModelCatalog>(*std::move(catalog));
+    for (const auto& p : catalog_->packs()) {
+      auto f = expertd::ReadFile::Open(p.path);
+      if (!f.ok()) Die(f.status().ToString());
+      files_.push_back(std::make_unique<expertd::ReadFile>(*std::move(f)));
+    }
+  }
+  uint64_t Expected(uint32_t layer, uint32_t expert, size_t projection) {
+    const auto key = std::make_tuple(layer, expert, projection);
+    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+    auto loc = catalog_->Locate(layer, expert, projection);
+    if (!loc.ok()) Die(loc.status().ToString());
+    std::vector<uint8_t> buf(loc->bytes);
+    if (auto st = files_[loc->pack]->ReadAt(loc->offset, buf); !st.ok()) Die(st.ToString());
+    return cache_[key] = expertd::Xxh3(buf);
+  }
+  const expertd::ModelCatalog& catalog() const { return *catalog_; }
+
+ private:
+  std::unique_ptr<expertd::ModelCatalog> catalog_;
+  std::vector<std::unique_ptr<expertd::ReadFile>> files_;
+  std::map<std::tuple<uint32_t, uint32_t, size_t>, uint64_t> cache_;
+};
+
+// Checks every slot of `lease`; returns the number of projections verified.
+uint64_t VerifyLease(Oracle& oracle, const Lease& lease) {
+  uint64_t n = 0;
+  const expertd::MoeLayer* layer = oracle.catalog().FindLayer(lease.layer);
+  Check(layer != nullptr, "grant for an unknown layer");
+  for (const auto& s : lease.slots) {
+    for (size_t p = 0; p < s.projections.size(); ++p) {
+      const uint64_t bytes = layer->projections[p].expert_bytes;
+      const uint64_t got = expertd::Xxh3(s.projections[p].first(bytes));
+      if (got != oracle.Expected(lease.layer, s.expert, p)) {
+        Die(absl::StrCat("layer ", lease.layer, " expert ", s.expert, " projection ", p,
+                         " slot ", s.slot, ": bytes differ from the model file"));
+      }
+      ++n;
+    }
+  }
+  return n;
+}
+
+std::vector<uint32_t> RandomExperts(std::mt19937& rng, uint32_t n_expert, uint32_t k) {
+  std::vector<uint32_t> all(n_expert);
+  for (uint32_t i = 0; i < n_expert; ++i) all[i] = i;
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(k);
+  return all;
+}
+
+int Verify(const std::string& addr, const std::string& gguf, double seconds, uint32_t seed) {
+  Oracle oracle(gguf);
+  auto client = Connect(addr);
+  auto session = Open(*client, absl::StrCat("verify-", seed));
+  std::mt19937 rng(seed);
+  const auto& info = session->model();
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  uint64_t verified = 0, acquires = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const uint32_t layer = info.moe_layers(static_cast<int>(rng() % info.moe_layers_size()));
+    auto experts = RandomExperts(rng, info.n_expert(), info.n_expert_used());
+    auto lease = session->Acquire(layer, experts);
+    if (!lease.ok()) Die(absl::StrCat("acquire: ", lease.status().ToString()));
+    verified += VerifyLease(oracle, *lease);
+    ++acquires;
+    if (auto st = session->Release(*lease); !st.ok()) Die(st.ToString());
+  }
+  Check(session->TakeAsyncErrors().empty(), "the daemon reported errors for releases");
+  std::printf("verify seed %u: %llu acquires, %llu projections verified\n", seed,
+              static_cast<unsigned long long>(acquires), static_cast<unsigned long long>(verified));
+  return 0;
+}
+
+int Hold(const std::string& addr, int leases) {
+  auto client = Connect(addr);
+  auto session = Open(*client, "holder");
+  std::vector<Lease> held;
+  for (int i = 0; i < leases; ++i) {
+    const uint32_t layer = session->model().moe_layers(i % session->model().moe_layers_size());
+    const uint32_t experts[] = {0, 1};
+    auto lease = session->Acquire(layer, experts);
+    if (!lease.ok()) Die(lease.status().ToString());
+    held.push_back(*std::move(lease));
+  }
+  std::printf("holding %d\n", leases);
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
+int Load(const std::string& addr, const std::string& gguf) {
+  Oracle oracle(gguf);
+  auto client = Connect(addr);
+  auto session = Open(*client, "load");
+  std::mt19937 rng(getpid());
+  const auto& info = session->model();
+  uint64_t acquires = 0;
+  std::printf("loading\n");
+  std::fflush(stdout);
+  for (;;) {
+    const uint32_t layer = info.moe_layers(static_cast<int>(rng() % info.moe_layers_size()));
+    auto lease = session->Acquire(layer, RandomExperts(rng, info.n_expert(), 2),
+                                  absl::Seconds(5));
+    if (!lease.ok()) {
+      // Draining: the daemon refuses new acquires, or the stream ends. Both are the expected way
+      // for this loop to stop.
+      const auto code = lease.status().code();
+      if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) {
+        std::printf("load: stopped after %llu acquires: %s\n",
+                    static_cast<unsigned long long>(acquires),
+                    std::string(lease.status().message()).c_str());
+        return 0;
+      }
+      Die(lease.status().ToString());
+    }
+    VerifyLease(oracle, *lease);
+    ++acquires;
+    (void)session->Release(*lease);
+  }
+}
+
+// The next answer to a raw request: waits for an async error with `seq`, or returns nullopt
+// after a short wait (no answer = success for Release).
+std::optional<expertd::v1::RequestError> ErrorFor(Session& s, uint64_t seq) {
+  for (int i = 0; i < 100; ++i) {
+    for (auto& e : s.TakeAsyncErrors()) {
+      if (e.seq() == seq) return e;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return std::nullopt;
+}
+
+void ExpectCode(const absl::Status& st, absl::StatusCode code, std::string_view needle,
+                const std::string& what) {
+  if (st.code() != code || !absl::StrContains(st.message(), absl::string_view(needle.data(), needle.size()))) {
+    Die(absl::StrCat(what, ": expected ", absl::StatusCodeToString(code), " mentioning '",
+                     absl::string_view(needle.data(), needle.size()), "', got ", st.ToString()));
+  }
+  std::printf("ok: %s -> %s\n", what.c_str(), st.ToString().c_str());
+}
+
+int Bad(const std::string& addr) {
+  auto client = Connect(addr);
+  auto before = client->GetStats("demo");
+  Check(before.ok(), "GetStats");
+
+  // Unknown model.
+  auto none = client->OpenSession({.model = "no-such-model"});
+  ExpectCode(none.status(), absl::StatusCode::kNotFound, "no-such-model", "open unknown model");
+
+  auto session = Open(*client, "bad");
+  const auto& info = session->model();
+  const uint32_t layer0 = info.moe_layers(0);
+  // Layer that is not an MoE layer, expert out of range, empty and oversized acquires.
+  const uint32_t e01[] = {0, 1};
+  ExpectCode(session->Acquire(100000, e01).status(), absl::StatusCode::kInvalidArgument,
+             "not an MoE layer", "acquire unknown layer");
+  const uint32_t far[] = {0, info.n_expert()};
+  ExpectCode(session->Acquire(layer0, far).status(), absl::StatusCode::kInvalidArgument,
+             "out of range", "acquire expert out of range");
+  ExpectCode(session->Acquire(layer0, {}).status(), absl::StatusCode::kInvalidArgument,
+             "no experts", "acquire no experts");
+  std::vector<uint32_t> many(65, 0);
+  ExpectCode(session->Acquire(layer0, many).status(), absl::StatusCode::kInvalidArgument,
+             "at most", "acquire more experts than allowed per acquire");
+
+  // Release of a lease that was never granted.
+  expertd::v1::SessionRequest r;
+  r.mutable_release()->set_seq(777);
+  r.mutable_release()->set_lease(424242);
+  Check(session->SendRaw(r).ok(), "send release");
+  auto err = ErrorFor(*session, 777);
+  Check(err.has_value(), "no answer to the release of an unknown lease");
+  ExpectCode(absl::Status(static_cast<absl::StatusCode>(err->code()), err->message()),
+             absl::StatusCode::kNotFound, "not held", "release unknown lease");
+
+  // Release before signalling done: refused, the lease stays.
+  auto lease = session->Acquire(layer0, e01);
+  Check(lease.ok(), "acquire after errors");
+  r.mutable_release()->set_seq(778);
+  r.mutable_release()->set_lease(lease->id);
+  Check(session->SendRaw(r).ok(), "send early release");
+  err = ErrorFor(*session, 778);
+  if (lease->slots[0].hit && !err.has_value()) {
+    // A resident slot another client already signalled done for passes the check.
+  } else {
+    Check(err.has_value(), "release before done was accepted");
+    ExpectCode(absl::Status(static_cast<absl::StatusCode>(err->code()), err->message()),
+               absl::StatusCode::kFailedPrecondition, "signal done", "release before done");
+    Check(session->Release(*lease).ok(), "proper release");
+  }
+
+  // A second Session stream for the same session id is refused; the first keeps working.
+  {
+    auto stub = expertd::v1::Expertd::NewStub(
+        grpc::CreateChannel(expertd::client::ChannelTarget(addr), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    auto stream = stub->Session(&ctx);
+    expertd::v1::SessionRequest attach;
+    attach.mutable_attach()->set_session_id(session->info().session_id());
+    stream->Write(attach);
+    expertd::v1::SessionResponse resp;
+    Check(!stream->Read(&resp), "second stream got an answer");
+    grpc::Status st = stream->Finish();
+    ExpectCode(absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message()),
+               absl::StatusCode::kFailedPrecondition, "already has a Session stream",
+               "second stream for one session");
+    // Unknown session id.
+    grpc::ClientContext ctx2;
+    auto stream2 = stub->Session(&ctx2);
+    attach.mutable_attach()->set_session_id("00000000000000000000000000000000");
+    stream2->Write(attach);
+    Check(!stream2->Read(&resp), "unknown session got an answer");
+    st = stream2->Finish();
+    ExpectCode(absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message()),
+               absl::StatusCode::kNotFound, "unknown session", "attach unknown session");
+  }
+  auto again = session->Acquire(layer0, e01);
+  Check(again.ok(), "the session works after the refused second stream");
+  Check(session->Release(*again).ok(), "release");
+
+  // Per-session lease cap: acquire until RESOURCE_EXHAUSTED (limits.max_leases_per_session is
+  // set small by the test's config).
+  std::vector<Lease> held;
+  absl::Status capped;
+  for (int i = 0; i < 64; ++i) {
+    const uint32_t one[] = {static_cast<uint32_t>(i % info.n_expert())};
+    auto l = session->Acquire(info.moe_layers(i % info.moe_layers_size()), one);
+    if (!l.ok()) {
+      capped = l.status();
+      break;
+    }
+    held.push_back(*std::move(l));
+  }
+  ExpectCode(capped, absl::StatusCode::kResourceExhausted, "per-session limit",
+             "acquire beyond the per-session lease cap");
+  for (const Lease& l : held) Check(session->Release(l).ok(), "release held");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  Check(session->TakeAsyncErrors().empty(), "errors for valid releases");
+
+  // State unchanged: nothing leased any more, counters only moved by the valid acquires.
+  auto after = client->GetStats("demo");
+  Check(after.ok(), "GetStats after");
+  for (const auto& s : after->models(0).sessions()) {
+    Check(s.leases_held() == 0, absl::StrCat("session ", s.session(), " still holds leases"));
+  }
+  Check(after->models(0).fills_failed() == before->models(0).fills_failed(), "fills failed");
+  std::printf("bad requests: all refused as expected\n");
+  return 0;
+}
+
+// Prints "sessions S leases L" from GetStats (all models).
+int Leases(const std::string& addr) {
+  auto client = Connect(addr);
+  auto stats = client->GetStats();
+  if (!stats.ok()) Die(stats.status().ToString());
+  uint64_t leases = 0;
+  for (const auto& m : stats->models()) {
+    for (const auto& s : m.sessions()) leases += s.leases_held();
+  }
+  std::printf("sessions %u leases %llu\n", stats->sessions(), static_cast<unsigned long long>(leases));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "verify" && argc == 6) return Verify(argv[2], argv[3], std::atof(argv[4]), std::atoi(argv[5]));
+  if (mode == "hold" && argc == 4) return Hold(argv[2], std::atoi(argv[3]));
+  if (mode == "load" && argc == 4) return Load(argv[2], argv[3]);
+  if (mode == "bad" && argc == 3) return Bad(argv[2]);
+  if (mode == "leases" && argc == 3) return Leases(argv[2]);
+  std::fprintf(stderr, "usage: session_client verify|hold|load|bad ADDR ...\n");
+  return 2;
+}
