@@ -18,7 +18,10 @@ fail() { echo "FAIL: $*"; echo "--- daemon log"; cat "$work"/daemon*.log 2>/dev/
 export XDG_CACHE_HOME=$work/cache
 sock=$work/run/expertd.sock
 addr=unix://$sock
+mport=$(( 20000 + RANDOM % 20000 ))
 cat > "$work/expertd.toml" <<TOML
+[metrics]
+listen = "127.0.0.1:$mport"
 [limits]
 max_leases_per_session = 8
 lease_ttl = "30s"
@@ -54,6 +57,24 @@ for seed in 1 2 3; do
   wait ${vp[$seed]} || { cat "$work/verify$seed.log"; fail "verify client $seed"; }
   cat "$work/verify$seed.log"
 done
+
+echo "== Prometheus metrics count what the clients did"
+/usr/bin/python3 - "$mport" <<'PY' || fail "metrics"
+import re, sys, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+def value(name):
+    m = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
+    assert m, f"missing {name}"
+    return float(m.group(1))
+hits = value('expertd_slot_hits_total{model="demo"}')
+misses = value('expertd_slot_misses_total{model="demo"}')
+count = value('expertd_acquire_stall_seconds_count{model="demo"}')
+inf = value('expertd_acquire_stall_seconds_bucket{model="demo",le="+Inf"}')
+read = value('expertd_pack_read_bytes_total{model="demo",pack="P"}')
+assert value("expertd_up") == 1
+assert hits + misses > 0 and count > 0 and inf == count and read > 0, (hits, misses, count, inf, read)
+print(f"metrics: hits {hits:.0f} misses {misses:.0f} acquires {count:.0f} pack bytes {read:.0f}")
+PY
 
 echo "== kill -9 a client holding leases: they are reclaimed, others unaffected"
 "$client" hold "$addr" 6 > "$work/hold.log" 2>&1 &

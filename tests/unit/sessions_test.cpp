@@ -1,0 +1,273 @@
+// Sessions and leases without gRPC: a real engine on a synthesized model with the host device,
+// and a recording outbox in place of the stream.
+#include "sessions.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <mutex>
+
+#include "device/host/host_device.h"
+#include "support/test_support.h"
+#include "synth/synth.h"
+#include "unix_listener.h"
+#include "util/latency_histogram.h"
+
+namespace expertd {
+namespace {
+
+class RecordingOutbox final : public Outbox {
+ public:
+  bool Push(v1::SessionResponse message) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    messages_.push_back(std::move(message));
+    cv_.notify_all();
+    return true;
+  }
+  // Waits for the first message matching `pred` and removes it.
+  template <typename Pred>
+  std::optional<v1::SessionResponse> Take(Pred pred, absl::Duration timeout = absl::Seconds(5)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
+    for (;;) {
+      for (auto it = messages_.begin(); it != messages_.end(); ++it) {
+        if (pred(*it)) {
+          v1::SessionResponse r = std::move(*it);
+          messages_.erase(it);
+          return r;
+        }
+      }
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) return std::nullopt;
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<v1::SessionResponse> messages_;
+};
+
+auto GrantFor(uint64_t seq) {
+  return [seq](const v1::SessionResponse& r) { return r.has_grant() && r.grant().seq() == seq; };
+}
+auto ErrorFor(uint64_t seq) {
+  return [seq](const v1::SessionResponse& r) { return r.has_error() && r.error().seq() == seq; };
+}
+
+class SessionsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SynthOptions so;
+    so.preset = "mixtral-tiny";
+    so.out_dir = dir_.path();
+    auto written = SynthesizeModel(so);
+    ASSERT_TRUE(written.ok()) << written.status();
+    auto device = MakeHostDevice();
+    ASSERT_TRUE(device.ok()) << device.status();
+    device_ = *std::move(device);
+    EngineOptions eo;
+    eo.slots_per_class = 16;
+    eo.predictor = "none";
+    auto model = ServedModel::Load({"m", written->front(), "", "", {}}, *device_, {}, eo);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = *std::move(model);
+  }
+  void TearDown() override {
+    registry_.reset();
+    model_.reset();
+  }
+  SessionRegistry& Registry(SessionLimits limits = {}) {
+    limits.reap_interval = absl::Hours(1);  // the tests call ReapOnce themselves
+    registry_ = std::make_unique<SessionRegistry>(limits);
+    return *registry_;
+  }
+  v1::Acquire AcquireMsg(uint64_t seq, uint32_t layer, std::vector<uint32_t> experts) {
+    v1::Acquire a;
+    a.set_seq(seq);
+    a.set_layer(layer);
+    for (uint32_t e : experts) a.add_experts(e);
+    return a;
+  }
+  void SignalDone(const v1::Grant& g) {
+    for (const auto& s : g.slots()) model_->ForceDone(s.slot_class(), s.slot(), s.generation());
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<ServedModel> model_;
+  std::unique_ptr<SessionRegistry> registry_;
+  Peer peer_{true, 1000, 1000, 0};
+};
+
+TEST_F(SessionsTest, AcquireGrantsAndReleaseNeedsDone) {
+  SessionRegistry& reg = Registry();
+  auto s = reg.Open(model_.get(), peer_, "t");
+  ASSERT_TRUE(s.ok());
+  auto outbox = std::make_shared<RecordingOutbox>();
+  ASSERT_TRUE(reg.Attach((*s)->id(), peer_, outbox).ok());
+  (*s)->Acquire(AcquireMsg(1, 0, {3, 5}));
+  auto g = outbox->Take(GrantFor(1));
+  ASSERT_TRUE(g.has_value());
+  ASSERT_EQ(g->grant().slots_size(), 2);
+  EXPECT_EQ(g->grant().slots(0).expert(), 3u);
+  EXPECT_EQ(reg.LeasesOutstanding(), 1u);
+
+  v1::Release rel;
+  rel.set_seq(2);
+  rel.set_lease(g->grant().lease());
+  (*s)->Release(rel);  // done not signalled: refused, the lease stays
+  auto err = outbox->Take(ErrorFor(2));
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(reg.LeasesOutstanding(), 1u);
+
+  SignalDone(g->grant());
+  rel.set_seq(3);
+  (*s)->Release(rel);
+  EXPECT_EQ(reg.LeasesOutstanding(), 0u);
+  rel.set_seq(4);
+  (*s)->Release(rel);  // twice: not held any more
+  err = outbox->Take(ErrorFor(4));
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->error().code(), static_cast<int>(absl::StatusCode::kNotFound));
+}
+
+TEST_F(SessionsTest, LimitsAndAttachRules) {
+  SessionLimits limits;
+  limits.max_sessions = 1;
+  limits.max_leases_per_session = 2;
+  SessionRegistry& reg = Registry(limits);
+  auto s = reg.Open(model_.get(), peer_, "t");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(reg.Open(model_.get(), peer_, "u").status().code(),
+            absl::StatusCode::kResourceExhausted);
+  Peer other = peer_;
+  other.uid = 1001;
+  auto outbox = std::make_shared<RecordingOutbox>();
+  EXPECT_EQ(reg.Attach((*s)->id(), other, outbox).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(reg.Attach("nope", peer_, outbox).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(reg.Attach((*s)->id(), peer_, outbox).ok());
+  EXPECT_EQ(reg.Attach((*s)->id(), peer_, outbox).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  (*s)->Acquire(AcquireMsg(1, 0, {0}));
+  (*s)->Acquire(AcquireMsg(2, 1, {0}));
+  ASSERT_TRUE(outbox->Take(GrantFor(1)).has_value());
+  ASSERT_TRUE(outbox->Take(GrantFor(2)).has_value());
+  (*s)->Acquire(AcquireMsg(3, 2, {0}));
+  auto err = outbox->Take(ErrorFor(3));
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ((*s)->counters().leases_held, 2u);
+}
+
+TEST_F(SessionsTest, UnattachedSessionIsDroppedAfterTimeout) {
+  SessionLimits limits;
+  limits.attach_timeout = absl::Seconds(1);
+  SessionRegistry& reg = Registry(limits);
+  auto s = reg.Open(model_.get(), peer_, "t");
+  ASSERT_TRUE(s.ok());
+  reg.ReapOnce(absl::Now());
+  EXPECT_EQ(reg.size(), 1u);
+  reg.ReapOnce(absl::Now() + absl::Seconds(2));
+  EXPECT_EQ(reg.size(), 0u);
+  EXPECT_EQ(reg.Attach((*s)->id(), peer_, std::make_shared<RecordingOutbox>()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(SessionsTest, LeaseTtlReclaimsAndTellsTheClient) {
+  SessionLimits limits;
+  limits.lease_ttl = absl::Seconds(10);
+  SessionRegistry& reg = Registry(limits);
+  auto s = reg.Open(model_.get(), peer_, "t");
+  auto outbox = std::make_shared<RecordingOutbox>();
+  ASSERT_TRUE(reg.Attach((*s)->id(), peer_, outbox).ok());
+  (*s)->Acquire(AcquireMsg(1, 0, {1, 2}));
+  auto g = outbox->Take(GrantFor(1));
+  ASSERT_TRUE(g.has_value());
+  reg.ReapOnce(absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(reg.LeasesOutstanding(), 1u);
+  reg.ReapOnce(absl::Now() + absl::Seconds(11));
+  EXPECT_EQ(reg.LeasesOutstanding(), 0u);
+  auto expired = outbox->Take([](const v1::SessionResponse& r) { return r.has_lease_expired(); });
+  ASSERT_TRUE(expired.has_value());
+  EXPECT_EQ(expired->lease_expired().lease(), g->grant().lease());
+  // The daemon signalled done for the client, so the slots can be refilled.
+  for (const auto& slot : g->grant().slots()) {
+    EXPECT_GE(model_->Done(slot.slot_class(), slot.slot()), slot.generation());
+  }
+}
+
+TEST_F(SessionsTest, EndedSessionDrainsOnDoneOrDeadline) {
+  SessionLimits limits;
+  limits.lease_ttl = absl::Seconds(30);
+  SessionRegistry& reg = Registry(limits);
+  auto s = reg.Open(model_.get(), peer_, "t");
+  auto outbox = std::make_shared<RecordingOutbox>();
+  ASSERT_TRUE(reg.Attach((*s)->id(), peer_, outbox).ok());
+  (*s)->Acquire(AcquireMsg(1, 0, {1}));
+  (*s)->Acquire(AcquireMsg(2, 1, {1}));
+  auto g1 = outbox->Take(GrantFor(1));
+  auto g2 = outbox->Take(GrantFor(2));
+  ASSERT_TRUE(g1 && g2);
+  SignalDone(g1->grant());  // the client finished reading the first before its stream ended
+  reg.End(*s);
+  EXPECT_EQ(reg.size(), 0u);
+  EXPECT_EQ(reg.LeasesOutstanding(), 1u);  // the second waits for its done fence
+  reg.ReapOnce(absl::Now());
+  EXPECT_EQ(reg.LeasesOutstanding(), 1u);
+  reg.ReapOnce(absl::Now() + absl::Seconds(31));  // the budget ran out: reclaimed
+  EXPECT_EQ(reg.LeasesOutstanding(), 0u);
+  EXPECT_TRUE(reg.WaitDrained(absl::ZeroDuration()));
+}
+
+TEST_F(SessionsTest, DrainRefusesNewWork) {
+  SessionRegistry& reg = Registry();
+  auto s = reg.Open(model_.get(), peer_, "t");
+  auto outbox = std::make_shared<RecordingOutbox>();
+  ASSERT_TRUE(reg.Attach((*s)->id(), peer_, outbox).ok());
+  reg.BeginDrain();
+  (*s)->Acquire(AcquireMsg(1, 0, {1}));
+  auto err = outbox->Take(ErrorFor(1));
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(reg.Open(model_.get(), peer_, "u").status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(PeerAllowedTest, UidsAndGroups) {
+  UnixListenerOptions o;
+  EXPECT_TRUE(PeerAllowed(1000, {1000}, 1000, o));
+  EXPECT_FALSE(PeerAllowed(1001, {1001}, 1000, o));
+  o.allowed_uids = {1001};
+  EXPECT_TRUE(PeerAllowed(1001, {1001}, 1000, o));
+  EXPECT_FALSE(PeerAllowed(1002, {1002, 44}, 1000, o));
+  o.allowed_gids = {44};
+  EXPECT_TRUE(PeerAllowed(1002, {1002, 44}, 1000, o));  // a supplementary group counts
+  EXPECT_FALSE(PeerAllowed(0, {0}, 1000, o));            // root is not special
+}
+
+TEST(LatencyHistogramTest, QuantilesWithinBucketError) {
+  LatencyHistogram h;
+  EXPECT_EQ(h.Quantile(0.5), 0);
+  for (uint64_t v = 1; v <= 10000; ++v) h.Add(v * 1000);  // 1 µs .. 10 ms uniformly
+  EXPECT_EQ(h.count(), 10000u);
+  const double p50 = h.Quantile(0.5), p99 = h.Quantile(0.99);
+  EXPECT_NEAR(p50, 5e6, 5e6 * 0.13);
+  EXPECT_NEAR(p99, 9.9e6, 9.9e6 * 0.13);
+  EXPECT_LE(h.Quantile(1.0), 10e6);
+  for (uint64_t v : {0ull, 7ull, 8ull, 1000ull, 123456789ull}) {
+    const int b = LatencyHistogram::BucketOf(v);
+    EXPECT_GE(LatencyHistogram::UpperEdge(b), v);
+    if (b > 0) {
+      EXPECT_LT(LatencyHistogram::UpperEdge(b - 1), v);
+    }
+  }
+  const std::vector<uint64_t> cum = h.CumulativeAt({500, 2'000'000, 100'000'000});
+  EXPECT_EQ(cum[0], 0u);
+  EXPECT_NEAR(static_cast<double>(cum[1]), 2000, 2000 * 0.13);
+  EXPECT_EQ(cum[2], 10000u);
+}
+
+}  // namespace
+}  // namespace expertd
