@@ -1,0 +1,86 @@
+#!/usr/bin/python3
+"""The daemon under a fake service manager: a NOTIFY_SOCKET datagram socket records what expertd
+sends. Checks that READY=1 is sent only after the model loaded and the listeners are up
+(health answers SERVING at that point), STATUS= lines, WATCHDOG=1 pings at half of
+WATCHDOG_USEC, RELOADING=1 on SIGHUP, STOPPING=1 on SIGTERM and exit 0.
+
+  daemon_notify.py EXPERTD RAW_RPC
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def main():
+    expertd, raw = sys.argv[1], sys.argv[2]
+    with tempfile.TemporaryDirectory() as work:
+        notify_path = os.path.join(work, "notify")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(notify_path)
+        sock.settimeout(0.2)
+        env = dict(os.environ, NOTIFY_SOCKET=notify_path, WATCHDOG_USEC="400000",
+                   XDG_CACHE_HOME=os.path.join(work, "cache"))
+        env.pop("WATCHDOG_PID", None)
+        daemon_sock = os.path.join(work, "run", "expertd.sock")
+        config = os.path.join(work, "expertd.toml")
+        with open(config, "w") as f:
+            f.write('[logging]\nlevel = "info"\n')
+        log = open(os.path.join(work, "daemon.log"), "w")
+        proc = subprocess.Popen([expertd, "--demo", "--config", config, "--socket", daemon_sock],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+        messages = []
+        ready_at = None
+
+        def pump(seconds):
+            end = time.time() + seconds
+            while time.time() < end:
+                try:
+                    data = sock.recv(4096).decode()
+                except socket.timeout:
+                    continue
+                messages.append((time.time(), data))
+
+        try:
+            deadline = time.time() + 60
+            while time.time() < deadline and not any("READY=1" in m for _, m in messages):
+                pump(0.2)
+            ready = [t for t, m in messages if "READY=1" in m]
+            assert ready, f"no READY=1; got {messages}"
+            ready_at = ready[0]
+            health = subprocess.run([raw, "unix://" + daemon_sock, "health"], capture_output=True,
+                                    text=True).stdout.strip()
+            assert health == "SERVING", f"health after READY=1: {health}"
+            statuses = [m for _, m in messages if m.startswith("STATUS=")]
+            assert any("loading model demo" in m for m in statuses), statuses
+            ready_msg = [m for _, m in messages if "READY=1" in m][0]
+            assert "STATUS=serving demo" in ready_msg, ready_msg
+            pump(1.5)
+            pings = [t for t, m in messages if m == "WATCHDOG=1" and t > ready_at]
+            assert len(pings) >= 4, f"{len(pings)} watchdog pings in 1.5 s at WATCHDOG_USEC=0.4 s"
+            proc.send_signal(signal.SIGHUP)
+            pump(0.5)
+            assert any(m.startswith("RELOADING=1") for _, m in messages), "no RELOADING=1"
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=30)
+            pump(0.3)
+            assert any(m.startswith("STOPPING=1") for _, m in messages), "no STOPPING=1"
+            assert rc == 0, f"exit code {rc}"
+            print(f"READY=1 after {len(statuses)} STATUS lines; {len(pings)} watchdog pings; "
+                  "RELOADING=1, STOPPING=1, exit 0")
+        except AssertionError as e:
+            print("FAIL:", e)
+            log.flush()
+            print(open(os.path.join(work, "daemon.log")).read()[-3000:])
+            return 1
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
