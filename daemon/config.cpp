@@ -1,13 +1,14 @@
 #include "config.h"
 
+#include <toml++/toml.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <set>
 #include <span>
-#include <toml++/toml.h>
 #include <tuple>
 #include <utility>
 
@@ -21,6 +22,7 @@ namespace expertd {
 namespace {
 
 namespace fs = std::filesystem;
+using std::chrono::milliseconds;
 
 template <typename E>
 struct Named {
@@ -33,10 +35,13 @@ using CP = CacheConfig::Policy;
 using PK = PredictorConfig::Kind;
 using LL = LoggingConfig::Level;
 using LF = LoggingConfig::Format;
-constexpr Named<DK> kDeviceKinds[] = {{"auto", DK::kAuto}, {"host", DK::kHost}, {"cuda", DK::kCuda}};
-constexpr Named<RM> kMethods[] = {{"pread", RM::kPread}, {"direct", RM::kDirect}, {"mmap", RM::kMmap}};
+constexpr Named<DK> kDeviceKinds[] = {
+    {"auto", DK::kAuto}, {"host", DK::kHost}, {"cuda", DK::kCuda}};
+constexpr Named<RM> kMethods[] = {
+    {"pread", RM::kPread}, {"direct", RM::kDirect}, {"mmap", RM::kMmap}};
 constexpr Named<CP> kPolicies[] = {{"cycle", CP::kCycle}, {"lru", CP::kLru}, {"lfu", CP::kLfu}};
-constexpr Named<PK> kPredictors[] = {{"history", PK::kHistory}, {"none", PK::kNone}, {"hints", PK::kHints}};
+constexpr Named<PK> kPredictors[] = {
+    {"history", PK::kHistory}, {"none", PK::kNone}, {"hints", PK::kHints}};
 constexpr Named<LL> kLevels[] = {{"trace", LL::kTrace}, {"debug", LL::kDebug}, {"info", LL::kInfo},
                                  {"warn", LL::kWarn},   {"error", LL::kError}, {"off", LL::kOff}};
 constexpr Named<LF> kFormats[] = {{"text", LF::kText}, {"json", LF::kJson}};
@@ -51,17 +56,23 @@ std::string_view NameIn(const Named<E> (&names)[N], E v) {
 
 constexpr size_t kMaxSocketPath = 107;  // sizeof(sockaddr_un::sun_path) - 1 for the NUL
 constexpr uint64_t kMaxConfigBytes = 1 << 20;
+constexpr uint64_t kMaxU64 = std::numeric_limits<uint64_t>::max();
+constexpr int64_t kMaxI32 = std::numeric_limits<int32_t>::max();
 
-// One problem in a config. `key` is the full dotted path ("model[0].gguf").
+// One problem in a config. `key` is the full dotted path ("model[0].gguf"); a `why` starting
+// with '[' continues the path ("[1]: ..." for an array element).
 struct Problem {
   std::string key;
   std::string why;
 };
+std::string ProblemText(const Problem& p) {
+  return absl::StrCat(p.key, !p.why.empty() && p.why[0] == '[' ? "" : ": ", p.why);
+}
 
 bool ValidName(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-';
   });
 }
 
@@ -69,8 +80,8 @@ bool ParseDigits(std::string_view s, size_t& i, uint64_t& value) {
   const size_t start = i;
   value = 0;
   for (; i < s.size() && s[i] >= '0' && s[i] <= '9'; ++i) {
-    const uint64_t d = static_cast<uint64_t>(s[i] - '0');
-    if (value > (std::numeric_limits<uint64_t>::max() - d) / 10) return false;
+    const auto d = static_cast<uint64_t>(s[i] - '0');
+    if (value > (kMaxU64 - d) / 10) return false;
     value = value * 10 + d;
   }
   return i > start;
@@ -79,245 +90,216 @@ bool ParseDigits(std::string_view s, size_t& i, uint64_t& value) {
 std::string Quote(std::string_view s) { return absl::StrCat("\"", AV(s), "\""); }
 
 std::string_view TypeName(const toml::node& n) {
-  switch (n.type()) {
-    case toml::node_type::string: return "string";
-    case toml::node_type::integer: return "integer";
-    case toml::node_type::floating_point: return "float";
-    case toml::node_type::boolean: return "boolean";
-    case toml::node_type::date: return "date";
-    case toml::node_type::time: return "time";
-    case toml::node_type::date_time: return "date-time";
-    case toml::node_type::array: return "array";
-    case toml::node_type::table: return "table";
-    default: return "nothing";
-  }
+  // Indexed by toml::node_type: none, table, array, string, integer, floating_point, boolean,
+  // date, time, date_time.
+  constexpr std::string_view kNames[] = {"nothing", "table",   "array", "string", "integer",
+                                         "float",   "boolean", "date",  "time",   "date-time"};
+  static_assert(static_cast<size_t>(toml::node_type::date_time) == 9);
+  const auto i = static_cast<size_t>(n.type());
+  return i < std::size(kNames) ? kNames[i] : "nothing";
 }
 
-// Walks the parsed TOML tree into a DaemonConfig, collecting every problem with its position.
+// ---- converters: one TOML value to one typed value, or the reason it is invalid ----
+
+template <typename T>
+using Conv = std::function<absl::StatusOr<T>(const toml::node&)>;
+
+absl::Status Expected(std::string_view what, const toml::node& n) {
+  return absl::InvalidArgumentError(absl::StrCat("expected ", AV(what), ", got ", AV(TypeName(n))));
+}
+
+absl::StatusOr<std::string> AsString(const toml::node& n) {
+  if (const auto* s = n.as_string()) return s->get();
+  return Expected("a string", n);
+}
+
+absl::StatusOr<bool> AsBool(const toml::node& n) {
+  if (const auto* b = n.as_boolean()) return b->get();
+  return Expected("true or false", n);
+}
+
+template <typename T>
+Conv<T> IntIn(int64_t lo, int64_t hi) {
+  return [lo, hi](const toml::node& n) -> absl::StatusOr<T> {
+    const auto* i = n.as_integer();
+    if (i != nullptr && i->get() >= lo && i->get() <= hi) return static_cast<T>(i->get());
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected an integer in ", lo, "..", hi, ", got ",
+                     i ? absl::StrCat(i->get()) : std::string(AV(TypeName(n)))));
+  };
+}
+
+template <typename T>
+Conv<std::vector<T>> IntArray(int64_t lo, int64_t hi) {
+  return [lo, hi](const toml::node& n) -> absl::StatusOr<std::vector<T>> {
+    const auto* a = n.as_array();
+    if (a == nullptr) return Expected("an array of integers", n);
+    std::vector<T> out;
+    for (size_t i = 0; i < a->size(); ++i) {
+      absl::StatusOr<T> v = IntIn<T>(lo, hi)((*a)[i]);
+      if (!v.ok())
+        return absl::InvalidArgumentError(absl::StrCat("[", i, "]: ", v.status().message()));
+      out.push_back(*v);
+    }
+    return out;
+  };
+}
+
+template <typename E, size_t N>
+Conv<E> OneOf(const Named<E> (&names)[N]) {
+  return [&names](const toml::node& n) -> absl::StatusOr<E> {
+    const auto* s = n.as_string();
+    for (const auto& name : names) {
+      if (s != nullptr && s->get() == name.name) return name.value;
+    }
+    std::string why = "expected one of ";
+    for (size_t i = 0; i < N; ++i) absl::StrAppend(&why, i ? ", " : "", AV(names[i].name));
+    absl::StrAppend(&why, ", got ", s ? Quote(s->get()) : std::string(AV(TypeName(n))));
+    return absl::InvalidArgumentError(why);
+  };
+}
+
+Conv<uint64_t> BytesIn(uint64_t lo, uint64_t hi) {
+  return [lo, hi](const toml::node& n) -> absl::StatusOr<uint64_t> {
+    absl::StatusOr<uint64_t> v = Expected("bytes (an integer or a string like \"512MiB\")", n);
+    if (const auto* i = n.as_integer()) {
+      if (i->get() < 0) return absl::InvalidArgumentError("expected a non-negative byte count");
+      v = static_cast<uint64_t>(i->get());
+    } else if (const auto* s = n.as_string()) {
+      v = ParseByteSize(s->get());
+    }
+    if (v.ok() && (*v < lo || *v > hi)) {
+      return absl::InvalidArgumentError(absl::StrCat("must be in ", FormatByteSize(lo), "..",
+                                                     FormatByteSize(hi), ", got ",
+                                                     FormatByteSize(*v)));
+    }
+    return v;
+  };
+}
+
+Conv<milliseconds> DurationFrom(milliseconds lo) {
+  return [lo](const toml::node& n) -> absl::StatusOr<milliseconds> {
+    const auto* s = n.as_string();
+    if (s == nullptr) return Expected("a duration string like \"30s\" (units ms, s, m, h)", n);
+    absl::StatusOr<milliseconds> v = ParseDurationText(s->get());
+    if (v.ok() && *v < lo) {
+      return absl::InvalidArgumentError(absl::StrCat("must be at least ", FormatDuration(lo)));
+    }
+    return v;
+  };
+}
+
+// File modes are octal strings: a bare `660` would be read by TOML as decimal 660 (01224).
+absl::StatusOr<uint32_t> AsMode(const toml::node& n) {
+  const auto* s = n.as_string();
+  bool ok = s != nullptr && (s->get().size() == 3 || s->get().size() == 4);
+  uint32_t mode = 0;
+  for (size_t i = 0; ok && i < s->get().size(); ++i) {
+    const char c = s->get()[i];
+    ok = c >= '0' && c <= '7';
+    mode = mode * 8 + static_cast<uint32_t>(c - '0');
+  }
+  if (ok && mode <= 0777) return mode;
+  return absl::InvalidArgumentError(
+      absl::StrCat("expected an octal permission string \"0000\"..\"0777\" like \"0660\", got ",
+                   s ? Quote(s->get()) : std::string(AV(TypeName(n)))));
+}
+
+// "" = none.
+absl::StatusOr<std::optional<HostPort>> AsHostPort(const toml::node& n) {
+  ASSIGN_OR_RETURN(const std::string text, AsString(n));
+  if (text.empty()) return std::nullopt;
+  ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(text));
+  return hp;
+}
+
+// ---- the walk over the parsed tree ----
+
+// Collects every problem of one file with its position, so all are reported at once.
 class Reader {
  public:
+  // What to do with the value of one known key; `path` is its full dotted name.
+  using Field =
+      std::pair<std::string_view, std::function<void(const toml::node&, const std::string&)>>;
+
   Reader(std::string_view source, fs::path base) : source_(source), base_(std::move(base)) {}
 
+  void Seen(const std::string& key, const toml::node& n) {
+    positions_.emplace(key, n.source().begin);
+  }
   void Error(const toml::node& at, std::string key, std::string why) {
     Seen(key, at);
     errored_.insert(key);
     problems_.push_back({std::move(key), std::move(why)});
   }
-  void Seen(const std::string& key, const toml::node& n) {
-    positions_.emplace(key, n.source().begin);
-  }
-  // Reports keys of `t` not in `known`.
-  void CheckKeys(const toml::table& t, std::string_view prefix,
-                 std::initializer_list<std::string_view> known) {
+
+  // Hands each key of `t` to its field; keys without a field are reported as unknown.
+  void ReadTable(const toml::table& t, const std::string& prefix,
+                 const std::vector<Field>& fields) {
     for (auto&& [k, v] : t) {
-      if (std::find(known.begin(), known.end(), k.str()) != known.end()) continue;
-      Error(v, Join(prefix, k.str()),
-            absl::StrCat(v.is_table() ? "unknown table" : "unknown key", "; valid keys",
-                         prefix.empty() ? "" : absl::StrCat(" in [", AV(prefix), "]"), ": ",
-                         absl::StrJoin(known, ", ", [](std::string* o, std::string_view s) {
-                           absl::StrAppend(o, AV(s));
-                         })));
+      const std::string path =
+          prefix.empty() ? std::string(k.str()) : absl::StrCat(prefix, ".", AV(k.str()));
+      Seen(path, v);
+      const std::string_view name = k.str();  // clang < 16 cannot capture structured bindings
+      const auto f = std::find_if(fields.begin(), fields.end(),
+                                  [name](const Field& field) { return field.first == name; });
+      if (f != fields.end()) {
+        f->second(v, path);
+        continue;
+      }
+      std::string why = absl::StrCat(v.is_table() ? "unknown table" : "unknown key", "; valid keys",
+                                     prefix.empty() ? "" : absl::StrCat(" in [", prefix, "]"), ":");
+      for (const Field& field : fields) absl::StrAppend(&why, " ", AV(field.first));
+      Error(v, path, std::move(why));
     }
   }
 
-  static std::string Join(std::string_view prefix, std::string_view key) {
-    return prefix.empty() ? std::string(key) : absl::StrCat(AV(prefix), ".", AV(key));
+  // A field that converts the value with `conv` into `out`; `out` keeps its default on error.
+  template <typename T>
+  Field::second_type Into(T& out, Conv<T> conv) {
+    return [this, &out, conv = std::move(conv)](const toml::node& n, const std::string& path) {
+      absl::StatusOr<T> v = conv(n);
+      if (v.ok()) {
+        out = *std::move(v);
+      } else {
+        Error(n, path, std::string(v.status().message()));
+      }
+    };
   }
-
-  // Each Read* leaves `out` alone when the key is absent or invalid (the error is recorded).
-  const toml::node* Get(const toml::table& t, std::string_view prefix, std::string_view key,
-                        std::string& path) {
-    const toml::node* n = t.get(key);
-    path = Join(prefix, key);
-    if (n != nullptr) Seen(path, *n);
-    return n;
-  }
-  void ReadString(const toml::table& t, std::string_view prefix, std::string_view key,
-                  std::string& out) {
-    std::string path;
-    const toml::node* n = Get(t, prefix, key, path);
-    if (n == nullptr) return;
-    if (const auto* s = n->as_string()) {
-      out = s->get();
-    } else {
-      Error(*n, path, absl::StrCat("expected a string, got ", AV(TypeName(*n))));
-    }
-  }
-  void ReadPath(const toml::table& t, std::string_view prefix, std::string_view key,
-                std::string& out) {
-    std::string raw = out;
-    ReadString(t, prefix, key, raw);
-    out = Resolve(raw);
+  // A path: relative values are resolved against the config file's folder.
+  Field::second_type Path(std::string& out) {
+    return Into<std::string>(out, [this](const toml::node& n) -> absl::StatusOr<std::string> {
+      ASSIGN_OR_RETURN(const std::string raw, AsString(n));
+      return Resolve(raw);
+    });
   }
   std::string Resolve(const std::string& raw) const {
     if (raw.empty() || base_.empty() || fs::path(raw).is_absolute()) return raw;
     return (base_ / raw).lexically_normal().string();
   }
-  void ReadBool(const toml::table& t, std::string_view prefix, std::string_view key, bool& out) {
-    std::string path;
-    const toml::node* n = Get(t, prefix, key, path);
-    if (n == nullptr) return;
-    if (const auto* b = n->as_boolean()) {
-      out = b->get();
-    } else {
-      Error(*n, path, absl::StrCat("expected true or false, got ", AV(TypeName(*n))));
-    }
-  }
-  template <typename T>
-  bool IntValue(const toml::node& n, const std::string& path, int64_t lo, int64_t hi, T& out) {
-    const auto* i = n.as_integer();
-    if (i == nullptr || i->get() < lo || i->get() > hi) {
-      Error(n, path,
-            absl::StrCat("expected an integer in ", lo, "..", hi, ", got ",
-                         i ? absl::StrCat(i->get()) : std::string(AV(TypeName(n)))));
-      return false;
-    }
-    out = static_cast<T>(i->get());
-    return true;
-  }
-  template <typename T>
-  void ReadInt(const toml::table& t, std::string_view prefix, std::string_view key, int64_t lo,
-               int64_t hi, T& out) {
-    std::string path;
-    if (const toml::node* n = Get(t, prefix, key, path)) IntValue(*n, path, lo, hi, out);
-  }
-  template <typename T>
-  void ReadIntArray(const toml::table& t, std::string_view prefix, std::string_view key,
-                    int64_t lo, int64_t hi, std::vector<T>& out) {
-    std::string path;
-    const toml::node* n = Get(t, prefix, key, path);
-    if (n == nullptr) return;
-    const auto* a = n->as_array();
-    if (a == nullptr) {
-      Error(*n, path, absl::StrCat("expected an array of integers, got ", AV(TypeName(*n))));
-      return;
-    }
-    std::vector<T> values;
-    bool ok = true;
-    for (size_t i = 0; i < a->size(); ++i) {
-      T v{};
-      ok = IntValue((*a)[i], absl::StrCat(path, "[", i, "]"), lo, hi, v) && ok;
-      values.push_back(v);
-    }
-    if (ok) out = std::move(values);
-  }
-  template <typename E, size_t N>
-  void ReadEnum(const toml::table& t, std::string_view prefix, std::string_view key,
-                const Named<E> (&names)[N], E& out) {
-    std::string path;
-    const toml::node* n = Get(t, prefix, key, path);
-    if (n == nullptr) return;
-    const auto* s = n->as_string();
-    for (const auto& name : names) {
-      if (s != nullptr && s->get() == name.name) {
-        out = name.value;
-        return;
+  // A [section] whose keys are `fields` (which must outlive the walk).
+  Field::second_type Section(const std::vector<Field>& fields) {
+    return [this, &fields](const toml::node& n, const std::string& path) {
+      if (const auto* t = n.as_table()) {
+        ReadTable(*t, path, fields);
+      } else {
+        Error(n, path, absl::StrCat("expected a table [", path, "], got ", AV(TypeName(n))));
       }
-    }
-    std::string why = "expected one of ";
-    for (size_t i = 0; i < N; ++i) absl::StrAppend(&why, i ? ", " : "", AV(names[i].name));
-    absl::StrAppend(&why, ", got ", s ? Quote(s->get()) : std::string(AV(TypeName(*n))));
-    Error(*n, path, std::move(why));
-  }
-  void ReadBytes(const toml::table& t, std::string_view prefix, std::string_view key, uint64_t lo,
-                 uint64_t hi, uint64_t& out) {
-    std::string path;
-    const toml::node* n = Get(t, prefix, key, path);
-    if (n == nullptr) return;
-    absl::StatusOr<uint64_t> v = absl::InvalidArgumentError(
-        absl::StrCat("expected bytes (an integer or a string like \"512MiB\"), got ",
-                     AV(TypeName(*n))));
-    if (const auto* i = n->as_integer()) {
-      v = i->get() >= 0 ? absl::StatusOr<uint64_t>(static_cast<uint64_t>(i->get()))
-                        : absl::InvalidArgumentError("expected a non-negative byte count");
-    } else if (const auto* s = n->as_string()) {
-      v = ParseByteSize(s->get());
-    }
-    if (v.ok() && (*v < lo || *v > hi)) {
-      v = absl::InvalidArgumentError(absl::StrCat("must be in ", FormatByteSize(lo), "..",
-                                                  FormatByteSize(hi), ", got ",
-                                                  FormatByteSize(*v)));
-    }
-    if (v.ok()) {
-      out = *v;
-    } else {
-      Error(*n, path, std::string(v.status().message()));
-    }
-  }
-  void ReadDuration(const toml::table& t, std::string_view prefix, std::string_view key,
-                    std::chrono::milliseconds lo, std::chrono::milliseconds& out) {
-    std::string path;
-    const toml::node* n = Get(t, prefix, key, path);
-    if (n == nullptr) return;
-    absl::StatusOr<std::chrono::milliseconds> v = absl::InvalidArgumentError(absl::StrCat(
-        "expected a duration string like \"30s\" (units ms, s, m, h), got ", AV(TypeName(*n))));
-    if (const auto* s = n->as_string()) v = ParseDurationText(s->get());
-    if (v.ok() && *v < lo) {
-      v = absl::InvalidArgumentError(absl::StrCat("must be at least ", FormatDuration(lo)));
-    }
-    if (v.ok()) {
-      out = *v;
-    } else {
-      Error(*n, path, std::string(v.status().message()));
-    }
-  }
-  // File modes are octal strings: a bare `660` would be read by TOML as decimal 660 (01224).
-  void ReadMode(const toml::table& t, std::string_view prefix, std::string_view key,
-                uint32_t& out) {
-    std::string path;
-    const toml::node* n = Get(t, prefix, key, path);
-    if (n == nullptr) return;
-    const auto* s = n->as_string();
-    uint32_t mode = 0;
-    bool ok = s != nullptr && (s->get().size() == 3 || s->get().size() == 4);
-    for (size_t i = 0; ok && i < s->get().size(); ++i) {
-      const char c = s->get()[i];
-      ok = c >= '0' && c <= '7';
-      mode = mode * 8 + static_cast<uint32_t>(c - '0');
-    }
-    if (ok && mode <= 0777) {
-      out = mode;
-    } else {
-      Error(*n, path,
-            absl::StrCat("expected an octal permission string \"0000\"..\"0777\" like \"0660\", "
-                         "got ",
-                         s ? Quote(s->get()) : std::string(AV(TypeName(*n)))));
-    }
-  }
-  void ReadHostPort(const toml::table& t, std::string_view prefix, std::string_view key,
-                    std::optional<HostPort>& out) {
-    std::string text;
-    std::string path;
-    const toml::node* n = Get(t, prefix, key, path);
-    if (n == nullptr) return;
-    ReadString(t, prefix, key, text);
-    if (errored_.count(path) != 0) return;
-    if (text.empty()) {
-      out.reset();
-      return;
-    }
-    absl::StatusOr<HostPort> hp = ParseHostPort(text);
-    if (hp.ok()) {
-      out = *std::move(hp);
-    } else {
-      Error(*n, path, std::string(hp.status().message()));
-    }
+    };
   }
 
-  // Cross-key problems from ValidateConfig, placed at the key or its nearest written parent.
+  // Cross-key problems from Validate, except for keys already reported.
   void AddValidation(std::vector<Problem> problems) {
     for (Problem& p : problems) {
       if (errored_.count(p.key) == 0) problems_.push_back(std::move(p));
     }
   }
 
+  // One line per problem, "FILE:LINE:COL: key: why", in file order. A key that was not written
+  // (a required one) takes the position of its nearest written parent.
   absl::Status Result() const {
     if (problems_.empty()) return absl::OkStatus();
-    struct Line {
-      uint32_t line, column;
-      std::string text;
-    };
-    std::vector<Line> lines;
+    std::vector<std::tuple<uint32_t, uint32_t, std::string>> lines;
     for (const Problem& p : problems_) {
       std::string key = p.key;
       auto it = positions_.find(key);
@@ -325,20 +307,22 @@ class Reader {
         key.resize(key.find_last_of(".["));
         it = positions_.find(key);
       }
-      if (it != positions_.end()) {
-        lines.push_back({it->second.line, it->second.column,
-                         absl::StrCat(AV(source_), ":", it->second.line, ":", it->second.column,
-                                      ": ", p.key, ": ", p.why)});
+      if (it == positions_.end()) {
+        lines.emplace_back(std::numeric_limits<uint32_t>::max(), 0,
+                           absl::StrCat(AV(source_), ": ", ProblemText(p)));
       } else {
-        lines.push_back({std::numeric_limits<uint32_t>::max(), 0,
-                         absl::StrCat(AV(source_), ": ", p.key, ": ", p.why)});
+        const toml::source_position at = it->second;
+        lines.emplace_back(
+            at.line, at.column,
+            absl::StrCat(AV(source_), ":", at.line, ":", at.column, ": ", ProblemText(p)));
       }
     }
-    std::stable_sort(lines.begin(), lines.end(), [](const Line& a, const Line& b) {
-      return std::tie(a.line, a.column) < std::tie(b.line, b.column);
+    std::stable_sort(lines.begin(), lines.end(), [](const auto& a, const auto& b) {
+      return std::tie(std::get<0>(a), std::get<1>(a)) < std::tie(std::get<0>(b), std::get<1>(b));
     });
     std::string message;
-    for (const Line& l : lines) absl::StrAppend(&message, message.empty() ? "" : "\n", l.text);
+    for (const auto& l : lines)
+      absl::StrAppend(&message, message.empty() ? "" : "\n", std::get<2>(l));
     return InvalidError(ErrorKind::kBadValue, message);
   }
 
@@ -350,147 +334,116 @@ class Reader {
   std::map<std::string, toml::source_position> positions_;
 };
 
-// Returns the table at `key` of `root`, or null when absent or not a table (reported).
-const toml::table* Section(Reader& r, const toml::table& root, std::string_view key) {
-  const toml::node* n = root.get(key);
-  if (n == nullptr) return nullptr;
-  r.Seen(std::string(key), *n);
-  if (const auto* t = n->as_table()) return t;
-  r.Error(*n, std::string(key), absl::StrCat("expected a table [", AV(key), "], got ",
-                                             AV(TypeName(*n))));
-  return nullptr;
-}
-
-void ReadListen(Reader& r, const toml::table& t, ListenConfig& c) {
-  constexpr std::string_view p = "listen";
-  r.CheckKeys(t, p,
-              {"unix_socket", "socket_mode", "directory_mode", "allowed_uids", "allowed_gids",
-               "tcp", "tcp_token_file", "tcp_allow_unauthenticated"});
-  r.ReadPath(t, p, "unix_socket", c.unix_socket);
-  r.ReadMode(t, p, "socket_mode", c.socket_mode);
-  r.ReadMode(t, p, "directory_mode", c.directory_mode);
-  // (uid_t)-1 means "no change" to chown and is never a real user.
-  constexpr int64_t kMaxId = std::numeric_limits<uint32_t>::max() - 1;
-  r.ReadIntArray(t, p, "allowed_uids", 0, kMaxId, c.allowed_uids);
-  r.ReadIntArray(t, p, "allowed_gids", 0, kMaxId, c.allowed_gids);
-  r.ReadHostPort(t, p, "tcp", c.tcp);
-  r.ReadPath(t, p, "tcp_token_file", c.tcp_token_file);
-  r.ReadBool(t, p, "tcp_allow_unauthenticated", c.tcp_allow_unauthenticated);
+// [model.source_groups]: group name = [pack paths].
+void ReadSourceGroups(Reader& r, const toml::table& t, const std::string& path,
+                      std::vector<SourceGroupConfig>& out) {
+  for (auto&& [name, packs] : t) {
+    const std::string key = absl::StrCat(path, ".", AV(name.str()));
+    r.Seen(key, packs);
+    const auto* list = packs.as_array();
+    SourceGroupConfig group{std::string(name.str()), {}};
+    for (size_t j = 0; list != nullptr && j < list->size() && (*list)[j].is_string(); ++j) {
+      group.packs.push_back(r.Resolve((*list)[j].as_string()->get()));
+    }
+    if (list == nullptr || group.packs.size() != list->size()) {
+      r.Error(packs, key,
+              list != nullptr
+                  ? std::string("every pack must be a path string")
+                  : absl::StrCat("expected an array of pack paths, got ", AV(TypeName(packs))));
+      continue;
+    }
+    out.push_back(std::move(group));
+  }
 }
 
 void ReadModels(Reader& r, const toml::node& n, std::vector<ModelConfig>& models) {
-  static const toml::table kNoGroups;
   const auto* a = n.as_array();
   if (a == nullptr || (!a->empty() && !a->is_array_of_tables())) {
     r.Error(n, "model", "expected an array of tables: write each model as [[model]]");
     return;
   }
+  models.resize(a->size());
   for (size_t i = 0; i < a->size(); ++i) {
-    const toml::table& t = *(*a)[i].as_table();
     const std::string p = absl::StrCat("model[", i, "]");
-    r.Seen(p, t);
-    r.CheckKeys(t, p, {"name", "gguf", "index", "v1_q_pack", "source_groups"});
-    ModelConfig m;
-    r.ReadString(t, p, "name", m.name);
-    r.ReadPath(t, p, "gguf", m.gguf);
-    r.ReadPath(t, p, "index", m.index);
-    r.ReadPath(t, p, "v1_q_pack", m.v1_q_pack);
-    std::string gp;
-    if (const toml::node* g = r.Get(t, p, "source_groups", gp)) {
-      const auto* groups = g->as_table();
-      if (groups == nullptr) {
-        r.Error(*g, gp, absl::StrCat("expected a table of group name = [pack paths], got ",
-                                     AV(TypeName(*g))));
-      }
-      for (auto&& [name, packs] : groups != nullptr ? *groups : kNoGroups) {
-        const std::string key = Reader::Join(gp, name.str());
-        r.Seen(key, packs);
-        const auto* list = packs.as_array();
-        SourceGroupConfig group{std::string(name.str()), {}};
-        for (size_t j = 0; list != nullptr && j < list->size(); ++j) {
-          const auto* s = (*list)[j].as_string();
-          if (s == nullptr) break;
-          group.packs.push_back(r.Resolve(s->get()));
-        }
-        if (list == nullptr || group.packs.size() != list->size()) {
-          r.Error(packs, key,
-                  list != nullptr ? std::string("every pack must be a path string")
-                                  : absl::StrCat("expected an array of pack paths, got ",
-                                                 AV(TypeName(packs))));
-          continue;
-        }
-        m.source_groups.push_back(std::move(group));
-      }
-    }
-    models.push_back(std::move(m));
+    r.Seen(p, (*a)[i]);
+    ModelConfig& m = models[i];
+    std::vector<SourceGroupConfig>& groups = m.source_groups;
+    r.ReadTable(*(*a)[i].as_table(), p,
+                {{"name", r.Into<std::string>(m.name, AsString)},
+                 {"gguf", r.Path(m.gguf)},
+                 {"index", r.Path(m.index)},
+                 {"v1_q_pack", r.Path(m.v1_q_pack)},
+                 {"source_groups", [&](const toml::node& g, const std::string& path) {
+                    if (const auto* t = g.as_table()) return ReadSourceGroups(r, *t, path, groups);
+                    r.Error(g, path,
+                            absl::StrCat("expected a table of group name = [pack paths], got ",
+                                         AV(TypeName(g))));
+                  }}});
   }
 }
 
 void ReadRoot(Reader& r, const toml::table& root, DaemonConfig& c) {
-  r.CheckKeys(root, "",
-              {"listen", "model", "device", "readers", "cache", "predictor", "limits", "logging",
-               "metrics", "demo"});
-  if (const auto* t = Section(r, root, "listen")) ReadListen(r, *t, c.listen);
-  if (const toml::node* m = root.get("model")) ReadModels(r, *m, c.models);
-  if (const auto* t = Section(r, root, "device")) {
-    r.CheckKeys(*t, "device",
-                {"kind", "cuda_devices", "slot_memory", "staging_memory", "copy_streams"});
-    r.ReadEnum(*t, "device", "kind", kDeviceKinds, c.device.kind);
-    r.ReadIntArray(*t, "device", "cuda_devices", 0, 1023, c.device.cuda_devices);
-    r.ReadBytes(*t, "device", "slot_memory", 1, std::numeric_limits<uint64_t>::max(),
-                c.device.slot_memory);
-    r.ReadBytes(*t, "device", "staging_memory", 1, std::numeric_limits<uint64_t>::max(),
-                c.device.staging_memory);
-    r.ReadInt(*t, "device", "copy_streams", 1, 64, c.device.copy_streams);
-  }
-  if (const auto* t = Section(r, root, "readers")) {
-    r.CheckKeys(*t, "readers", {"method", "threads_per_group", "max_eio_retries"});
-    r.ReadEnum(*t, "readers", "method", kMethods, c.readers.method);
-    r.ReadInt(*t, "readers", "threads_per_group", 1, 64, c.readers.threads_per_group);
-    r.ReadInt(*t, "readers", "max_eio_retries", 0, 100, c.readers.max_eio_retries);
-  }
-  if (const auto* t = Section(r, root, "cache")) {
-    r.CheckKeys(*t, "cache", {"policy"});
-    r.ReadEnum(*t, "cache", "policy", kPolicies, c.cache.policy);
-  }
-  if (const auto* t = Section(r, root, "predictor")) {
-    r.CheckKeys(*t, "predictor", {"kind", "lookahead", "max_experts", "history_tokens"});
-    r.ReadEnum(*t, "predictor", "kind", kPredictors, c.predictor.kind);
-    r.ReadInt(*t, "predictor", "lookahead", 1, 1024, c.predictor.lookahead);
-    r.ReadInt(*t, "predictor", "max_experts", 1, 4096, c.predictor.max_experts);
-    r.ReadInt(*t, "predictor", "history_tokens", 1, 1024, c.predictor.history_tokens);
-  }
-  if (const auto* t = Section(r, root, "limits")) {
-    constexpr std::string_view p = "limits";
-    r.CheckKeys(*t, p,
-                {"max_sessions", "max_leases_per_session", "max_experts_per_acquire", "lease_ttl",
-                 "session_attach_timeout", "max_message_bytes", "drain_timeout"});
-    constexpr int64_t kMaxCount = std::numeric_limits<int32_t>::max();
-    r.ReadInt(*t, p, "max_sessions", 1, kMaxCount, c.limits.max_sessions);
-    r.ReadInt(*t, p, "max_leases_per_session", 1, kMaxCount, c.limits.max_leases_per_session);
-    r.ReadInt(*t, p, "max_experts_per_acquire", 1, kMaxCount, c.limits.max_experts_per_acquire);
-    r.ReadDuration(*t, p, "lease_ttl", std::chrono::milliseconds(1), c.limits.lease_ttl);
-    r.ReadDuration(*t, p, "session_attach_timeout", std::chrono::milliseconds(1),
-                   c.limits.session_attach_timeout);
-    // gRPC takes the limit as an int.
-    r.ReadBytes(*t, p, "max_message_bytes", 1024, std::numeric_limits<int32_t>::max(),
-                c.limits.max_message_bytes);
-    r.ReadDuration(*t, p, "drain_timeout", std::chrono::milliseconds(0), c.limits.drain_timeout);
-  }
-  if (const auto* t = Section(r, root, "logging")) {
-    r.CheckKeys(*t, "logging", {"level", "format"});
-    r.ReadEnum(*t, "logging", "level", kLevels, c.logging.level);
-    r.ReadEnum(*t, "logging", "format", kFormats, c.logging.format);
-  }
-  if (const auto* t = Section(r, root, "metrics")) {
-    r.CheckKeys(*t, "metrics", {"listen"});
-    r.ReadHostPort(*t, "metrics", "listen", c.metrics.listen);
-  }
-  if (const auto* t = Section(r, root, "demo")) {
-    r.CheckKeys(*t, "demo", {"cache_dir", "preset"});
-    r.ReadPath(*t, "demo", "cache_dir", c.demo.cache_dir);
-    r.ReadString(*t, "demo", "preset", c.demo.preset);
-  }
+  // (uid_t)-1 means "no change" to chown and is never a real user or group.
+  constexpr int64_t kMaxId = std::numeric_limits<uint32_t>::max() - 1;
+  ListenConfig& l = c.listen;
+  DeviceConfig& d = c.device;
+  ReadersConfig& rd = c.readers;
+  PredictorConfig& pr = c.predictor;
+  LimitsConfig& lim = c.limits;
+  const std::vector<Reader::Field> listen = {
+      {"unix_socket", r.Path(l.unix_socket)},
+      {"socket_mode", r.Into<uint32_t>(l.socket_mode, AsMode)},
+      {"directory_mode", r.Into<uint32_t>(l.directory_mode, AsMode)},
+      {"allowed_uids", r.Into(l.allowed_uids, IntArray<uint32_t>(0, kMaxId))},
+      {"allowed_gids", r.Into(l.allowed_gids, IntArray<uint32_t>(0, kMaxId))},
+      {"tcp", r.Into<std::optional<HostPort>>(l.tcp, AsHostPort)},
+      {"tcp_token_file", r.Path(l.tcp_token_file)},
+      {"tcp_allow_unauthenticated", r.Into<bool>(l.tcp_allow_unauthenticated, AsBool)}};
+  const std::vector<Reader::Field> device = {
+      {"kind", r.Into(d.kind, OneOf(kDeviceKinds))},
+      {"cuda_devices", r.Into(d.cuda_devices, IntArray<int>(0, 1023))},
+      {"slot_memory", r.Into(d.slot_memory, BytesIn(1, kMaxU64))},
+      {"staging_memory", r.Into(d.staging_memory, BytesIn(1, kMaxU64))},
+      {"copy_streams", r.Into(d.copy_streams, IntIn<uint32_t>(1, 64))}};
+  const std::vector<Reader::Field> readers = {
+      {"method", r.Into(rd.method, OneOf(kMethods))},
+      {"threads_per_group", r.Into(rd.threads_per_group, IntIn<uint32_t>(1, 64))},
+      {"max_eio_retries", r.Into(rd.max_eio_retries, IntIn<uint32_t>(0, 100))}};
+  const std::vector<Reader::Field> cache = {{"policy", r.Into(c.cache.policy, OneOf(kPolicies))}};
+  const std::vector<Reader::Field> predictor = {
+      {"kind", r.Into(pr.kind, OneOf(kPredictors))},
+      {"lookahead", r.Into(pr.lookahead, IntIn<uint32_t>(1, 1024))},
+      {"max_experts", r.Into(pr.max_experts, IntIn<uint32_t>(1, 4096))},
+      {"history_tokens", r.Into(pr.history_tokens, IntIn<uint32_t>(1, 1024))}};
+  const std::vector<Reader::Field> limits = {
+      {"max_sessions", r.Into(lim.max_sessions, IntIn<uint32_t>(1, kMaxI32))},
+      {"max_leases_per_session", r.Into(lim.max_leases_per_session, IntIn<uint32_t>(1, kMaxI32))},
+      {"max_experts_per_acquire", r.Into(lim.max_experts_per_acquire, IntIn<uint32_t>(1, kMaxI32))},
+      {"lease_ttl", r.Into(lim.lease_ttl, DurationFrom(milliseconds(1)))},
+      {"session_attach_timeout", r.Into(lim.session_attach_timeout, DurationFrom(milliseconds(1)))},
+      // gRPC takes the limit as an int.
+      {"max_message_bytes", r.Into(lim.max_message_bytes, BytesIn(1024, kMaxI32))},
+      {"drain_timeout", r.Into(lim.drain_timeout, DurationFrom(milliseconds(0)))}};
+  const std::vector<Reader::Field> logging = {
+      {"level", r.Into(c.logging.level, OneOf(kLevels))},
+      {"format", r.Into(c.logging.format, OneOf(kFormats))}};
+  const std::vector<Reader::Field> metrics = {
+      {"listen", r.Into<std::optional<HostPort>>(c.metrics.listen, AsHostPort)}};
+  const std::vector<Reader::Field> demo = {
+      {"cache_dir", r.Path(c.demo.cache_dir)},
+      {"preset", r.Into<std::string>(c.demo.preset, AsString)}};
+  r.ReadTable(
+      root, "",
+      {{"listen", r.Section(listen)},
+       {"model", [&](const toml::node& n, const std::string&) { ReadModels(r, n, c.models); }},
+       {"device", r.Section(device)},
+       {"readers", r.Section(readers)},
+       {"cache", r.Section(cache)},
+       {"predictor", r.Section(predictor)},
+       {"limits", r.Section(limits)},
+       {"logging", r.Section(logging)},
+       {"metrics", r.Section(metrics)},
+       {"demo", r.Section(demo)}});
 }
 
 std::vector<Problem> Validate(const DaemonConfig& c) {
@@ -498,8 +451,8 @@ std::vector<Problem> Validate(const DaemonConfig& c) {
   const ListenConfig& l = c.listen;
   if (l.unix_socket.size() > kMaxSocketPath) {
     out.push_back({"listen.unix_socket",
-                   absl::StrCat("path is ", l.unix_socket.size(), " bytes; a Unix socket path "
-                                "holds at most ", kMaxSocketPath)});
+                   absl::StrCat("path is ", l.unix_socket.size(),
+                                " bytes; a Unix socket path holds at most ", kMaxSocketPath)});
   }
   if ((l.directory_mode & 0700) != 0700) {
     out.push_back({"listen.directory_mode",
@@ -511,17 +464,18 @@ std::vector<Problem> Validate(const DaemonConfig& c) {
       out.push_back({"listen.tcp_allow_unauthenticated",
                      "cannot be true together with listen.tcp_token_file; remove one"});
     } else if (!token && !l.tcp_allow_unauthenticated) {
-      out.push_back({"listen.tcp", "a TCP listener needs listen.tcp_token_file (or "
-                                   "tcp_allow_unauthenticated = true on a loopback host)"});
-    } else if (!token && !IsLoopbackHost(l.tcp->host)) {
       out.push_back({"listen.tcp",
-                     absl::StrCat("host ", Quote(l.tcp->host), " is not loopback (127.0.0.1, ::1, "
-                                  "localhost); without listen.tcp_token_file TCP is refused")});
+                     "a TCP listener needs listen.tcp_token_file "
+                     "(or tcp_allow_unauthenticated = true on a loopback host)"});
+    } else if (!token && !IsLoopbackHost(l.tcp->host)) {
+      out.push_back({"listen.tcp", absl::StrCat("host ", Quote(l.tcp->host),
+                                                " is not loopback (127.0.0.1, ::1, localhost); "
+                                                "without listen.tcp_token_file TCP is refused")});
     }
   }
   if (c.device.kind != DK::kHost && c.device.cuda_devices.empty()) {
-    out.push_back({"device.cuda_devices", "must list at least one CUDA device unless device.kind "
-                                          "is host"});
+    out.push_back(
+        {"device.cuda_devices", "must list at least one CUDA device unless device.kind is host"});
   }
   for (size_t i = 0; i < c.device.cuda_devices.size(); ++i) {
     const int d = c.device.cuda_devices[i];
@@ -541,14 +495,15 @@ std::vector<Problem> Validate(const DaemonConfig& c) {
     }
     for (size_t j = 0; j < i; ++j) {
       if (!m.name.empty() && c.models[j].name == m.name) {
-        out.push_back({p + ".name", absl::StrCat(Quote(m.name), " is already used by model[",
-                                                 j, "]")});
+        out.push_back(
+            {p + ".name", absl::StrCat(Quote(m.name), " is already used by model[", j, "]")});
       }
     }
     if (m.gguf.empty()) out.push_back({p + ".gguf", "required key missing"});
     if (!m.v1_q_pack.empty() && m.index.empty()) {
-      out.push_back({p + ".v1_q_pack", absl::StrCat("needs ", p, ".index (the v1 index that "
-                                                    "says which experts the Q pack holds)")});
+      out.push_back(
+          {p + ".v1_q_pack",
+           absl::StrCat("needs ", p, ".index (the v1 index says which experts the Q pack holds)")});
     }
     std::map<std::string, std::string> owner;  // pack -> group
     for (const SourceGroupConfig& g : m.source_groups) {
@@ -561,8 +516,8 @@ std::vector<Problem> Validate(const DaemonConfig& c) {
         if (pack.empty()) out.push_back({key, "has an empty pack path"});
         auto [it, fresh] = owner.emplace(pack, g.name);
         if (!fresh) {
-          out.push_back({key, absl::StrCat("pack ", Quote(pack), " is also in group ",
-                                           Quote(it->second))});
+          out.push_back(
+              {key, absl::StrCat("pack ", Quote(pack), " is also in group ", Quote(it->second))});
         }
       }
     }
@@ -594,9 +549,8 @@ Environment Environment::FromProcess() {
 
 absl::StatusOr<HostPort> ParseHostPort(std::string_view text) {
   const auto bad = [&](std::string_view why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected \"HOST:PORT\" (IPv6 as \"[::1]:PORT\"), got ", Quote(text), ": ",
-                     AV(why)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected \"HOST:PORT\" (IPv6 as \"[::1]:PORT\"), got ", Quote(text), ": ", AV(why)));
   };
   HostPort hp;
   std::string_view rest;
@@ -695,8 +649,7 @@ std::string FormatDuration(std::chrono::milliseconds d) {
 
 DaemonConfig DefaultConfig() { return DaemonConfig{}; }
 
-absl::StatusOr<DaemonConfig> ParseConfig(std::string_view toml_text,
-                                         std::string_view source_name) {
+absl::StatusOr<DaemonConfig> ParseConfig(std::string_view toml_text, std::string_view source_name) {
   DaemonConfig config;
   Reader reader(source_name, fs::path(std::string(source_name)).parent_path());
   try {
@@ -726,8 +679,8 @@ absl::StatusOr<DaemonConfig> LoadConfig(const std::string& path) {
                                      kMaxConfigBytes));
   }
   std::string text(file.size(), '\0');
-  RETURN_IF_ERROR(file.ReadAt(
-      0, std::span<uint8_t>(reinterpret_cast<uint8_t*>(text.data()), text.size())));
+  RETURN_IF_ERROR(
+      file.ReadAt(0, std::span<uint8_t>(reinterpret_cast<uint8_t*>(text.data()), text.size())));
   return ParseConfig(text, name);
 }
 
@@ -783,11 +736,12 @@ std::string DescribeConfig(const DaemonConfig& c) {
       "models=[", models, "] device=", AV(NameOf(c.device.kind)), " cuda=[", devices,
       "] slots=", FormatByteSize(c.device.slot_memory),
       " staging=", FormatByteSize(c.device.staging_memory), " streams=", c.device.copy_streams,
-      " readers=", AV(NameOf(c.readers.method)), " threads_per_group=",
-      c.readers.threads_per_group, " cache=", AV(NameOf(c.cache.policy)),
-      " predictor=", AV(NameOf(c.predictor.kind)), " lookahead=", c.predictor.lookahead,
-      " max_experts=", c.predictor.max_experts, " unix=", c.listen.unix_socket.empty() ? "default" : c.listen.unix_socket,
-      " tcp=", hp(c.listen.tcp), c.listen.tcp && c.listen.tcp_token_file.empty() ? "(no token)" : "",
+      " readers=", AV(NameOf(c.readers.method)), " threads_per_group=", c.readers.threads_per_group,
+      " cache=", AV(NameOf(c.cache.policy)), " predictor=", AV(NameOf(c.predictor.kind)),
+      " lookahead=", c.predictor.lookahead, " max_experts=", c.predictor.max_experts,
+      " unix=", c.listen.unix_socket.empty() ? "default" : c.listen.unix_socket,
+      " tcp=", hp(c.listen.tcp),
+      c.listen.tcp && c.listen.tcp_token_file.empty() ? "(no token)" : "",
       " metrics=", hp(c.metrics.listen), " log=", AV(NameOf(c.logging.level)), "/",
       AV(NameOf(c.logging.format)));
 }

@@ -68,12 +68,13 @@ struct ListenConfig {
   uint32_t socket_mode = 0660;
   uint32_t directory_mode = 0750;  // must include 0700: the daemon creates/removes its socket
   // Peer check on every accepted Unix connection (SO_PEERCRED): the daemon's own uid is always
-  // accepted; otherwise the peer's uid must be in allowed_uids or its gid (the effective gid the
-  // kernel reports, not supplementary groups) in allowed_gids. Both empty = own uid only.
+  // accepted; otherwise the peer's uid must be in allowed_uids, or its primary gid or one of its
+  // supplementary groups in allowed_gids. Both empty = own uid only.
   std::vector<uint32_t> allowed_uids;
   std::vector<uint32_t> allowed_gids;
-  // TCP listener; nullopt = none. Requires tcp_token_file (a file whose first line is the bearer
-  // token clients must send), or tcp_allow_unauthenticated = true on a loopback host.
+  // TCP listener; nullopt = none. Requires tcp_token_file (a file whose first line, at least 16
+  // bytes, is the bearer token clients must send), or tcp_allow_unauthenticated = true on a
+  // loopback host. The token file is read by the daemon at start-up, not here.
   std::optional<HostPort> tcp;
   std::string tcp_token_file;
   bool tcp_allow_unauthenticated = false;
@@ -101,10 +102,10 @@ struct ModelConfig {
 struct DeviceConfig {
   enum class Kind { kAuto, kHost, kCuda };  // auto: CUDA when a driver and GPU are present
   Kind kind = Kind::kAuto;
-  std::vector<int> cuda_devices = {0};     // CUDA ordinals served; unused with kind = host
-  uint64_t slot_memory = 1ull << 30;       // bytes of slot arenas per device
-  uint64_t staging_memory = 64ull << 20;   // bytes of pinned staging ring per device
-  uint32_t copy_streams = 2;               // host-to-device copy streams per device, 1..64
+  std::vector<int> cuda_devices = {0};    // CUDA ordinals served; unused with kind = host
+  uint64_t slot_memory = 1ull << 30;      // bytes of slot arenas per device
+  uint64_t staging_memory = 64ull << 20;  // bytes of pinned staging ring per device
+  uint32_t copy_streams = 2;              // host-to-device copy streams per device, 1..64
   bool operator==(const DeviceConfig&) const = default;
 };
 
@@ -169,7 +170,7 @@ struct MetricsConfig {
 
 // [demo]: used only when the daemon runs with its demo flag (a synthetic model, no [[model]]).
 struct DemoConfig {
-  std::string cache_dir;              // "" = DefaultDemoCacheDir(env)
+  std::string cache_dir;                // "" = DefaultDemoCacheDir(env)
   std::string preset = "mixtral-tiny";  // a src/synth preset; checked when the demo starts
   bool operator==(const DemoConfig&) const = default;
 };

@@ -12,6 +12,11 @@
 #include "support/test_support.h"
 
 namespace expertd {
+
+// gtest prints the one-line summary instead of a byte dump (found by ADL, so not in the
+// anonymous namespace).
+void PrintTo(const DaemonConfig& c, std::ostream* os) { *os << DescribeConfig(c); }
+
 namespace {
 
 using ::expertd::testing::IsError;
@@ -83,10 +88,16 @@ TEST(ConfigDefaults, EmptyFileGivesDefaults) {
   EXPECT_TRUE(ValidateConfig(DefaultConfig()).ok());
 }
 
-TEST(ShippedConfig, ParsesToTheDefaults) {
+TEST(ConfigShipped, ParsesToTheDefaults) {
   absl::StatusOr<DaemonConfig> c = LoadConfig(kShipped);
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(*c, DefaultConfig()) << DescribeConfig(*c);
+  // ApplyReloadable names the restart-only keys that differ; the sections compare the rest.
+  DaemonConfig probe = DefaultConfig();
+  EXPECT_TRUE(ApplyReloadable(*c, probe).ok()) << ApplyReloadable(*c, probe);
+  EXPECT_EQ(c->logging.level, DefaultConfig().logging.level);
+  EXPECT_EQ(c->cache, DefaultConfig().cache);
+  EXPECT_EQ(c->predictor, DefaultConfig().predictor);
+  EXPECT_EQ(*c, DefaultConfig());
 }
 
 // Every key the parser knows, by section: the shipped file must set each one explicitly (so it
@@ -110,7 +121,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& AllKeys() {
   return *keys;
 }
 
-TEST(ShippedConfig, SetsEveryKeyAndDocumentsTheModelExample) {
+TEST(ConfigShipped, SetsEveryKeyAndDocumentsTheModelExample) {
   std::istringstream in(testing::ReadWholeFile(kShipped));
   std::set<std::string> set_keys;
   std::string section, line, model_example;
@@ -128,7 +139,7 @@ TEST(ShippedConfig, SetsEveryKeyAndDocumentsTheModelExample) {
   }
   std::set<std::string> expected;
   for (const auto& [s, keys] : AllKeys()) {
-    for (const std::string& k : keys) expected.insert(s + "." + k);
+    for (const std::string& k : keys) expected.insert(absl::StrCat(s, ".", k));
   }
   EXPECT_EQ(set_keys, expected);
 
@@ -147,8 +158,9 @@ TEST(ShippedConfig, SetsEveryKeyAndDocumentsTheModelExample) {
 TEST(ConfigErrors, EveryKeyRejectsAWrongTypeByName) {
   for (const auto& [section, keys] : AllKeys()) {
     for (const std::string& key : keys) {
-      const std::string text = "\n[" + section + "]\n" + key + " = 1.5\n";
-      EXPECT_TRUE(Bad(text, {"cfg.toml:3:", section + "." + key + ": ", "got float"})) << text;
+      const std::string text = absl::StrCat("\n[", section, "]\n", key, " = 1.5\n");
+      EXPECT_TRUE(Bad(text, {"cfg.toml:3:", absl::StrCat(section, ".", key, ": "), "got float"}))
+          << text;
     }
   }
   for (const std::string key : {"name", "gguf", "index", "v1_q_pack", "source_groups"}) {
@@ -199,7 +211,8 @@ TEST(ConfigErrors, EnumValuesListTheChoices) {
                   {"cfg.toml:2:8: device.kind: expected one of auto, host, cuda, got \"gpu\""}));
   EXPECT_TRUE(Bad("[readers]\nmethod = \"io_uring\"\n",
                   {"readers.method: expected one of pread, direct, mmap, got \"io_uring\""}));
-  EXPECT_TRUE(Bad("[cache]\npolicy = \"belady\"\n", {"cache.policy: expected one of cycle, lru, lfu"}));
+  EXPECT_TRUE(
+      Bad("[cache]\npolicy = \"belady\"\n", {"cache.policy: expected one of cycle, lru, lfu"}));
   EXPECT_TRUE(Bad("[predictor]\nkind = \"oracle\"\n", {"predictor.kind: expected one of history"}));
   EXPECT_TRUE(Bad("[logging]\nlevel = \"verbose\"\n",
                   {"logging.level: expected one of trace, debug, info, warn, error, off"}));
@@ -208,8 +221,10 @@ TEST(ConfigErrors, EnumValuesListTheChoices) {
 }
 
 TEST(ConfigErrors, RangesNameTheKeyAndTheLimits) {
-  EXPECT_TRUE(Bad("[device]\ncopy_streams = 0\n", {"device.copy_streams: expected an integer in 1..64, got 0"}));
-  EXPECT_TRUE(Bad("[readers]\nthreads_per_group = 65\n", {"readers.threads_per_group", "1..64, got 65"}));
+  EXPECT_TRUE(Bad("[device]\ncopy_streams = 0\n",
+                  {"device.copy_streams: expected an integer in 1..64, got 0"}));
+  EXPECT_TRUE(
+      Bad("[readers]\nthreads_per_group = 65\n", {"readers.threads_per_group", "1..64, got 65"}));
   EXPECT_TRUE(Bad("[readers]\nmax_eio_retries = -1\n", {"readers.max_eio_retries", "got -1"}));
   EXPECT_TRUE(Bad("[predictor]\nlookahead = 0\n", {"predictor.lookahead", "got 0"}));
   EXPECT_TRUE(Bad("[predictor]\nmax_experts = 0\n", {"predictor.max_experts"}));
@@ -218,15 +233,18 @@ TEST(ConfigErrors, RangesNameTheKeyAndTheLimits) {
   EXPECT_TRUE(Bad("[limits]\nmax_leases_per_session = 0\n", {"limits.max_leases_per_session"}));
   EXPECT_TRUE(Bad("[limits]\nmax_experts_per_acquire = 0\n", {"limits.max_experts_per_acquire"}));
   EXPECT_TRUE(Bad("[limits]\nlease_ttl = \"0s\"\n", {"limits.lease_ttl: must be at least 1ms"}));
-  EXPECT_TRUE(Bad("[limits]\nsession_attach_timeout = \"0ms\"\n", {"limits.session_attach_timeout"}));
+  EXPECT_TRUE(
+      Bad("[limits]\nsession_attach_timeout = \"0ms\"\n", {"limits.session_attach_timeout"}));
   EXPECT_TRUE(Bad("[limits]\nmax_message_bytes = \"2GiB\"\n",
                   {"limits.max_message_bytes: must be in 1KiB..", "got 2GiB"}));
   EXPECT_TRUE(Bad("[limits]\nmax_message_bytes = 100\n", {"limits.max_message_bytes", "got 100B"}));
   EXPECT_TRUE(Bad("[device]\nslot_memory = 0\n", {"device.slot_memory: must be in 1B.."}));
   EXPECT_TRUE(Bad("[device]\nstaging_memory = -5\n", {"device.staging_memory", "non-negative"}));
   EXPECT_TRUE(Bad("[device]\ncuda_devices = [0, -1]\n", {"device.cuda_devices[1]", "got -1"}));
-  EXPECT_TRUE(Bad("[device]\ncuda_devices = [1, 1]\n", {"device.cuda_devices[1]: device 1 is listed twice"}));
-  EXPECT_TRUE(Bad("[device]\ncuda_devices = []\n", {"device.cuda_devices: must list at least one"}));
+  EXPECT_TRUE(Bad("[device]\ncuda_devices = [1, 1]\n",
+                  {"device.cuda_devices[1]: device 1 is listed twice"}));
+  EXPECT_TRUE(
+      Bad("[device]\ncuda_devices = []\n", {"device.cuda_devices: must list at least one"}));
   EXPECT_TRUE(Bad("[device]\ncuda_devices = [\"0\"]\n", {"device.cuda_devices[0]", "got string"}));
   EXPECT_TRUE(Bad("[listen]\nallowed_uids = [-1]\n", {"listen.allowed_uids[0]", "got -1"}));
   EXPECT_TRUE(Bad("[listen]\nallowed_gids = [4294967295]\n", {"listen.allowed_gids[0]"}));
@@ -239,15 +257,18 @@ TEST(ConfigErrors, RangesNameTheKeyAndTheLimits) {
 }
 
 TEST(ConfigErrors, ModesAreOctalStrings) {
-  absl::StatusOr<DaemonConfig> c = Parse("[listen]\nsocket_mode = \"0600\"\ndirectory_mode = \"710\"\n");
+  absl::StatusOr<DaemonConfig> c =
+      Parse("[listen]\nsocket_mode = \"0600\"\ndirectory_mode = \"710\"\n");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->listen.socket_mode, 0600u);
   EXPECT_EQ(c->listen.directory_mode, 0710u);
-  EXPECT_TRUE(Bad("[listen]\nsocket_mode = 660\n", {"listen.socket_mode: expected an octal", "got integer"}));
+  EXPECT_TRUE(Bad("[listen]\nsocket_mode = 660\n",
+                  {"listen.socket_mode: expected an octal", "got integer"}));
   EXPECT_TRUE(Bad("[listen]\nsocket_mode = \"0698\"\n", {"listen.socket_mode", "got \"0698\""}));
   EXPECT_TRUE(Bad("[listen]\nsocket_mode = \"4660\"\n", {"listen.socket_mode"}));
   EXPECT_TRUE(Bad("[listen]\nsocket_mode = \"60\"\n", {"listen.socket_mode"}));
-  EXPECT_TRUE(Bad("[listen]\ndirectory_mode = \"0550\"\n", {"listen.directory_mode: must include 0700"}));
+  EXPECT_TRUE(
+      Bad("[listen]\ndirectory_mode = \"0550\"\n", {"listen.directory_mode: must include 0700"}));
 }
 
 TEST(ConfigErrors, UnixSocketPathMustFitSunPath) {
@@ -259,7 +280,7 @@ TEST(ConfigErrors, UnixSocketPathMustFitSunPath) {
 
 // ---- sizes and durations ----
 
-TEST(ByteSize, AcceptsBinaryUnitsOnly) {
+TEST(ConfigByteSize, AcceptsBinaryUnitsOnly) {
   EXPECT_EQ(*ParseByteSize("8GiB"), uint64_t{8} << 30);
   EXPECT_EQ(*ParseByteSize("512MiB"), uint64_t{512} << 20);
   EXPECT_EQ(*ParseByteSize("64KiB"), uint64_t{64} << 10);
@@ -276,7 +297,7 @@ TEST(ByteSize, AcceptsBinaryUnitsOnly) {
             std::string::npos);
 }
 
-TEST(ByteSize, TomlIntegersAreBytesAndErrorsNameTheKey) {
+TEST(ConfigByteSize, TomlIntegersAreBytesAndErrorsNameTheKey) {
   absl::StatusOr<DaemonConfig> c =
       Parse("[device]\nslot_memory = 4096\nstaging_memory = \"8MiB\"\n");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -286,25 +307,28 @@ TEST(ByteSize, TomlIntegersAreBytesAndErrorsNameTheKey) {
                   {"cfg.toml:2:", "device.slot_memory: \"1G\": unit \"G\"", "KiB"}));
 }
 
-TEST(ByteSize, FormatPicksTheLargestExactUnit) {
+TEST(ConfigByteSize, FormatPicksTheLargestExactUnit) {
   EXPECT_EQ(FormatByteSize(uint64_t{1} << 30), "1GiB");
   EXPECT_EQ(FormatByteSize(uint64_t{1536} << 20), "1536MiB");
   EXPECT_EQ(FormatByteSize(1000), "1000B");
   EXPECT_EQ(FormatByteSize(0), "0B");
 }
 
-TEST(Duration, AcceptsMsSecondsMinutesHours) {
+TEST(ConfigDuration, AcceptsMsSecondsMinutesHours) {
   EXPECT_EQ(*ParseDurationText("30s"), milliseconds(30'000));
   EXPECT_EQ(*ParseDurationText("250ms"), milliseconds(250));
   EXPECT_EQ(*ParseDurationText("2m"), milliseconds(120'000));
   EXPECT_EQ(*ParseDurationText("1h"), milliseconds(3'600'000));
   EXPECT_EQ(*ParseDurationText("0s"), milliseconds(0));
-  for (std::string_view bad : {"30", "1.5s", "30sec", "s", "", "-1s", "1d", "30S", "99999999999999999h"}) {
+  for (std::string_view bad :
+       {"30", "1.5s", "30sec", "s", "", "-1s", "1d", "30S", "99999999999999999h"}) {
     EXPECT_FALSE(ParseDurationText(bad).ok()) << bad;
   }
-  EXPECT_TRUE(Bad("[limits]\nlease_ttl = 60\n", {"limits.lease_ttl: expected a duration", "got integer"}));
+  EXPECT_TRUE(
+      Bad("[limits]\nlease_ttl = 60\n", {"limits.lease_ttl: expected a duration", "got integer"}));
   EXPECT_TRUE(Bad("[limits]\ndrain_timeout = \"10\"\n", {"limits.drain_timeout", "got \"10\""}));
-  absl::StatusOr<DaemonConfig> c = Parse("[limits]\nlease_ttl = \"2m\"\nsession_attach_timeout = \"250ms\"\n");
+  absl::StatusOr<DaemonConfig> c =
+      Parse("[limits]\nlease_ttl = \"2m\"\nsession_attach_timeout = \"250ms\"\n");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->limits.lease_ttl, milliseconds(120'000));
   EXPECT_EQ(c->limits.session_attach_timeout, milliseconds(250));
@@ -315,7 +339,7 @@ TEST(Duration, AcceptsMsSecondsMinutesHours) {
 
 // ---- models and paths ----
 
-TEST(Models, RelativePathsResolveAgainstTheConfigFolder) {
+TEST(ConfigModels, RelativePathsResolveAgainstTheConfigFolder) {
   TempDir dir;
   const std::string cfg = dir.File("expertd.toml");
   WriteFile(cfg, R"([listen]
@@ -335,7 +359,7 @@ cache_dir = "cache"
 )");
   absl::StatusOr<DaemonConfig> c = LoadConfig(cfg);
   ASSERT_TRUE(c.ok()) << c.status();
-  const std::string d = dir.path();
+  const std::string& d = dir.path();
   ASSERT_EQ(c->models.size(), 1u);
   const ModelConfig& m = c->models[0];
   EXPECT_EQ(m.name, "mix.v1_Q4-K");
@@ -351,33 +375,39 @@ cache_dir = "cache"
   EXPECT_EQ(c->listen.tcp, (HostPort{"127.0.0.1", 7070}));
 
   // A source name without a folder leaves relative paths as written.
-  absl::StatusOr<DaemonConfig> bare = ParseConfig("[[model]]\nname = \"a\"\ngguf = \"a.gguf\"\n", "inline");
+  absl::StatusOr<DaemonConfig> bare =
+      ParseConfig("[[model]]\nname = \"a\"\ngguf = \"a.gguf\"\n", "inline");
   ASSERT_TRUE(bare.ok()) << bare.status();
   EXPECT_EQ(bare->models[0].gguf, "a.gguf");
 }
 
-TEST(Models, RequiredKeysNamesAndGroupsAreChecked) {
-  EXPECT_TRUE(Bad("[[model]]\ngguf = \"a.gguf\"\n", {"cfg.toml:1:", "model[0].name: required key missing"}));
+TEST(ConfigModels, RequiredKeysNamesAndGroupsAreChecked) {
+  EXPECT_TRUE(Bad("[[model]]\ngguf = \"a.gguf\"\n",
+                  {"cfg.toml:1:", "model[0].name: required key missing"}));
   EXPECT_TRUE(Bad("[[model]]\nname = \"a\"\n", {"model[0].gguf: required key missing"}));
-  EXPECT_TRUE(Bad("[[model]]\nname = \"a b\"\ngguf = \"a\"\n", {"model[0].name: \"a b\" may only use"}));
+  EXPECT_TRUE(
+      Bad("[[model]]\nname = \"a b\"\ngguf = \"a\"\n", {"model[0].name: \"a b\" may only use"}));
   EXPECT_TRUE(Bad("[[model]]\nname = \"a\"\ngguf = \"a\"\n[[model]]\nname = \"a\"\ngguf = \"b\"\n",
                   {"cfg.toml:5:", "model[1].name: \"a\" is already used by model[0]"}));
   EXPECT_TRUE(Bad("[[model]]\nname = \"a\"\ngguf = \"a\"\nv1_q_pack = \"q\"\n",
                   {"model[0].v1_q_pack: needs model[0].index"}));
-  EXPECT_TRUE(Bad("[[model]]\nname = \"a\"\ngguf = \"a\"\n[model.source_groups]\nx = [\"/p\"]\ny = [\"/p\"]\n",
-                  {"model[0].source_groups.y: pack \"/p\" is also in group \"x\""}));
+  EXPECT_TRUE(Bad(
+      "[[model]]\nname = \"a\"\ngguf = \"a\"\n[model.source_groups]\nx = [\"/p\"]\ny = [\"/p\"]\n",
+      {"model[0].source_groups.y: pack \"/p\" is also in group \"x\""}));
   EXPECT_TRUE(Bad("[[model]]\nname = \"a\"\ngguf = \"a\"\n[model.source_groups]\nx = []\n",
                   {"model[0].source_groups.x: lists no packs"}));
   EXPECT_TRUE(Bad("[[model]]\nname = \"a\"\ngguf = \"a\"\n[model.source_groups]\nx = \"/p\"\n",
                   {"model[0].source_groups.x: expected an array of pack paths, got string"}));
   EXPECT_TRUE(Bad("[[model]]\nname = \"a\"\ngguf = \"a\"\n[model.source_groups]\nx = [1]\n",
                   {"model[0].source_groups.x: every pack must be a path string"}));
-  EXPECT_TRUE(Bad("[[model]]\nname = \"a\"\ngguf = \"a\"\n[model.source_groups]\n\"bad name\" = [\"/p\"]\n",
-                  {"source_groups.bad name: group names may only use"}));
-  EXPECT_TRUE(Bad("[[model]]\nname = 7\ngguf = \"a\"\n", {"model[0].name: expected a string, got integer"}));
+  EXPECT_TRUE(
+      Bad("[[model]]\nname = \"a\"\ngguf = \"a\"\n[model.source_groups]\n\"bad name\" = [\"/p\"]\n",
+          {"source_groups.bad name: group names may only use"}));
+  EXPECT_TRUE(Bad("[[model]]\nname = 7\ngguf = \"a\"\n",
+                  {"model[0].name: expected a string, got integer"}));
 }
 
-TEST(Models, RequireModelsIsSeparate) {
+TEST(ConfigModels, RequireModelsIsSeparate) {
   EXPECT_EQ(RequireModels(DefaultConfig()).code(), absl::StatusCode::kFailedPrecondition);
   DaemonConfig c = DefaultConfig();
   ModelConfig m;
@@ -392,7 +422,7 @@ TEST(Models, RequireModelsIsSeparate) {
                       {"model[1].name: \"m\" is already used"}));
 }
 
-TEST(Models, LoadConfigErrors) {
+TEST(ConfigModels, LoadConfigErrors) {
   TempDir dir;
   absl::StatusOr<DaemonConfig> missing = LoadConfig(dir.File("nope.toml"));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
@@ -404,9 +434,9 @@ TEST(Models, LoadConfigErrors) {
 
 // ---- environment-dependent defaults ----
 
-TEST(SocketPath, ResolutionOrder) {
-  EXPECT_EQ(DefaultSocketPath(Env({{"RUNTIME_DIRECTORY", "/run/expertd"},
-                                   {"XDG_RUNTIME_DIR", "/run/user/1000"}})),
+TEST(ConfigSocketPath, ResolutionOrder) {
+  EXPECT_EQ(DefaultSocketPath(Env(
+                {{"RUNTIME_DIRECTORY", "/run/expertd"}, {"XDG_RUNTIME_DIR", "/run/user/1000"}})),
             "/run/expertd/expertd.sock");
   EXPECT_EQ(DefaultSocketPath(Env({{"RUNTIME_DIRECTORY", "/run/expertd:/run/other"}})),
             "/run/expertd/expertd.sock");
@@ -424,7 +454,7 @@ TEST(SocketPath, ResolutionOrder) {
   EXPECT_EQ(ResolveSocketPath(l, Env({{"XDG_RUNTIME_DIR", "/x"}})), "/srv/e.sock");
 }
 
-TEST(DemoCacheDir, ResolutionOrder) {
+TEST(ConfigDemoCacheDir, ResolutionOrder) {
   EXPECT_EQ(*DefaultDemoCacheDir(Env({{"XDG_CACHE_HOME", "/c"}, {"HOME", "/home/u"}})),
             "/c/expertd/demo");
   EXPECT_EQ(*DefaultDemoCacheDir(Env({{"HOME", "/home/u"}})), "/home/u/.cache/expertd/demo");
@@ -434,20 +464,19 @@ TEST(DemoCacheDir, ResolutionOrder) {
   EXPECT_EQ(*ResolveDemoCacheDir(d, Env({})), "/var/cache/expertd");
 }
 
-TEST(EnvironmentTest, FromProcessCapturesVariables) {
-  ASSERT_EQ(setenv("EXPERTD_CONFIG_TEST_VAR", "a=b", 1), 0);
+TEST(ConfigEnvironment, FromProcessCapturesVariables) {
+  // Single-threaded test process: setenv is safe here.
+  ASSERT_EQ(setenv("EXPERTD_CONFIG_TEST_VAR", "a=b", 1), 0);  // NOLINT(concurrency-mt-unsafe)
   const Environment env = Environment::FromProcess();
   EXPECT_EQ(env.Get("EXPERTD_CONFIG_TEST_VAR"), "a=b");
   EXPECT_EQ(env.Get("EXPERTD_CONFIG_TEST_UNSET"), "");
-  unsetenv("EXPERTD_CONFIG_TEST_VAR");
+  unsetenv("EXPERTD_CONFIG_TEST_VAR");  // NOLINT(concurrency-mt-unsafe)
 }
 
 // ---- TCP ----
 
-TEST(Tcp, TokenRules) {
-  const auto tcp = [](std::string_view rest) {
-    return absl::StrCat("[listen]\n", AV(rest), "\n");
-  };
+TEST(ConfigTcp, TokenRules) {
+  const auto tcp = [](std::string_view rest) { return absl::StrCat("[listen]\n", AV(rest), "\n"); };
   EXPECT_TRUE(Parse(tcp("tcp = \"0.0.0.0:7070\"\ntcp_token_file = \"/etc/expertd/token\"")).ok());
   EXPECT_TRUE(Parse(tcp("tcp = \"[::]:7070\"\ntcp_token_file = \"/t\"")).ok());
   for (std::string_view host : {"127.0.0.1:7070", "[::1]:7070", "localhost:7070"}) {
@@ -468,7 +497,7 @@ TEST(Tcp, TokenRules) {
   EXPECT_TRUE(Parse(tcp("tcp_allow_unauthenticated = true")).ok());
 }
 
-TEST(Tcp, HostPortSyntax) {
+TEST(ConfigTcp, HostPortSyntax) {
   EXPECT_EQ(*ParseHostPort("127.0.0.1:80"), (HostPort{"127.0.0.1", 80}));
   EXPECT_EQ(*ParseHostPort("[::1]:9100"), (HostPort{"::1", 9100}));
   EXPECT_EQ(*ParseHostPort("example.org:0"), (HostPort{"example.org", 0}));
@@ -486,11 +515,11 @@ TEST(Tcp, HostPortSyntax) {
 
 // ---- SIGHUP ----
 
-TEST(Reload, AppliesOnlyReloadableKeys) {
+TEST(ConfigReload, AppliesOnlyReloadableKeys) {
   DaemonConfig live = DefaultConfig();
-  absl::StatusOr<DaemonConfig> fresh =
-      Parse("[logging]\nlevel = \"debug\"\n[cache]\npolicy = \"lru\"\n"
-            "[predictor]\nkind = \"none\"\nlookahead = 2\nmax_experts = 3\nhistory_tokens = 5\n");
+  absl::StatusOr<DaemonConfig> fresh = Parse(
+      "[logging]\nlevel = \"debug\"\n[cache]\npolicy = \"lru\"\n"
+      "[predictor]\nkind = \"none\"\nlookahead = 2\nmax_experts = 3\nhistory_tokens = 5\n");
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_TRUE(ApplyReloadable(*fresh, live).ok());
   EXPECT_EQ(live, *fresh);
@@ -502,12 +531,12 @@ TEST(Reload, AppliesOnlyReloadableKeys) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(s.message()).find("device.slot_memory"), std::string::npos) << s;
   EXPECT_EQ(std::string(s.message()).find("logging.level"), std::string::npos) << s;
-  EXPECT_EQ(live.logging.level, LoggingConfig::Level::kWarn);   // applied anyway
-  EXPECT_EQ(live.device.slot_memory, uint64_t{1} << 30);        // kept
-  EXPECT_EQ(live.cache.policy, CacheConfig::Policy::kCycle);    // fresh file's value
+  EXPECT_EQ(live.logging.level, LoggingConfig::Level::kWarn);  // applied anyway
+  EXPECT_EQ(live.device.slot_memory, uint64_t{1} << 30);       // kept
+  EXPECT_EQ(live.cache.policy, CacheConfig::Policy::kCycle);   // fresh file's value
 }
 
-TEST(Reload, EveryOtherKeyNeedsARestartAndIsNamed) {
+TEST(ConfigReload, EveryOtherKeyNeedsARestartAndIsNamed) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"listen.unix_socket", "[listen]\nunix_socket = \"/x.sock\""},
       {"listen.socket_mode", "[listen]\nsocket_mode = \"0600\""},
@@ -549,7 +578,7 @@ TEST(Reload, EveryOtherKeyNeedsARestartAndIsNamed) {
   }
 }
 
-TEST(Describe, OneLineSummary) {
+TEST(ConfigDescribe, OneLineSummary) {
   absl::StatusOr<DaemonConfig> c = Parse(
       "[listen]\ntcp = \"127.0.0.1:7070\"\ntcp_allow_unauthenticated = true\n"
       "[[model]]\nname = \"mix\"\ngguf = \"/m.gguf\"\n[device]\nkind = \"host\"\n");
