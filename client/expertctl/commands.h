@@ -14,5 +14,9 @@ void AddIndexCommands(CLI::App& app, int* exit_code);
 void AddIndexVerifyCommand(CLI::App& index, int* exit_code);
 void AddReplayCommand(CLI::App& app, int* exit_code);
 void AddTraceCommands(CLI::App& app, int* exit_code);
+// Service tools: talk to a running daemon (daemon_args.h: --addr, --token-file, --timeout).
+void AddHealthCommand(CLI::App& app, int* exit_code);
+void AddStatsCommand(CLI::App& app, int* exit_code);
+void AddBenchCommand(CLI::App& app, int* exit_code);
 
 }  // namespace expertd::ctl

@@ -14,6 +14,9 @@ int main(int argc, char** argv) {
   expertd::ctl::AddIndexCommands(app, &exit_code);
   expertd::ctl::AddReplayCommand(app, &exit_code);
   expertd::ctl::AddTraceCommands(app, &exit_code);
+  expertd::ctl::AddHealthCommand(app, &exit_code);
+  expertd::ctl::AddStatsCommand(app, &exit_code);
+  expertd::ctl::AddBenchCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
