@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -87,6 +88,9 @@ struct Daemon {
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<UnixListener> unix_listener;
   std::unique_ptr<MetricsServer> metrics;
+  // What the watchdog reports: false once the daemon cannot serve any more (a sticky device
+  // error), so the service manager restarts it. Draining is still healthy.
+  std::atomic<bool> healthy{true};
 
   void SetHealth(bool serving) {
     if (!server) return;
@@ -102,7 +106,7 @@ struct Daemon {
   void TearDown() {
     metrics.reset();
     if (unix_listener) unix_listener->Stop();
-    if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     unix_listener.reset();
     server.reset();
     sessions.reset();
@@ -147,8 +151,8 @@ absl::StatusOr<std::string> PrepareDemoModel(const std::string& cache_dir,
 }
 
 int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& env) {
-  ServiceManager manager;
   Daemon d;
+  ServiceManager manager;  // after d: its watchdog thread reads d.healthy until it is joined
   const auto fail = [&](const absl::Status& st) {
     spdlog::error("start-up failed: {}", std::string(st.message()));
     manager.Status(absl::StrCat("failed: ", st.message()));
@@ -284,7 +288,7 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
   for (const auto& m : d.models) names.push_back(m->name());
   manager.Ready(absl::StrCat("serving ", absl::StrJoin(names, ", "), " on unix:",
                              d.unix_listener->path()));
-  manager.StartWatchdog(&d.state.serving);
+  manager.StartWatchdog(&d.healthy);
 
   DaemonConfig live = config;
   for (;;) {
