@@ -291,8 +291,11 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
   manager.StartWatchdog(&d.healthy);
 
   DaemonConfig live = config;
+  absl::Status device_health;
   for (;;) {
     const int sig = WaitForSignal(absl::Milliseconds(500));
+    device_health = d.device->Health();
+    if (!device_health.ok()) break;
     if (sig == 0) continue;
     if (sig == SIGHUP) {
       manager.Reloading();
@@ -318,6 +321,19 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
     }
     spdlog::info("signal {}: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     break;
+  }
+  if (!device_health.ok()) {
+    // A sticky device error: nothing on this device can be served again. Stop at once and exit
+    // non-zero so the service manager restarts the daemon with a fresh context.
+    d.healthy = false;
+    d.state.serving = false;
+    d.SetHealth(false);
+    spdlog::critical("device {} failed: {}; exiting for a restart", d.device->name(),
+                     std::string(device_health.message()));
+    manager.Stopping(absl::StrCat("device failed: ", device_health.message()));
+    d.sessions->BeginDrain();
+    d.TearDown();
+    return 3;
   }
 
   d.state.serving = false;

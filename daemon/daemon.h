@@ -20,7 +20,8 @@ struct DaemonFlags {
   absl::Duration hold_before_serving = absl::ZeroDuration();
 };
 
-// Returns the process exit code: 0 after a clean stop (SIGTERM/SIGINT), 1 when start-up failed.
+// Returns the process exit code: 0 after a clean stop (SIGTERM/SIGINT), 1 when start-up failed,
+// 3 after a sticky device error (the service manager restarts the daemon).
 int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& env);
 
 // The demo model: synthesizes `preset` into `cache_dir` unless a model made from the same preset

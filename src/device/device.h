@@ -255,6 +255,11 @@ class Device {
   // when the arena is host-visible, Unimplemented otherwise.
   virtual absl::Status ReadArena(const Arena& arena, uint64_t offset, std::span<uint8_t> out);
 
+  // OK while the device can serve; the first sticky error (a CUDA context that is lost or
+  // corrupted: illegal address, device lost) once it cannot. The daemon polls it, turns health
+  // NOT_SERVING and exits non-zero so the service manager restarts it. Host device: always OK.
+  virtual absl::Status Health() const { return absl::OkStatus(); }
+
  protected:
   Device() = default;
 };
