@@ -33,15 +33,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelCatalog& catal
     c.layout = catalog.FindLayer(sc.layers.front());
     uint64_t slots = options.slots_per_class;
     if (slots == 0) {
-      const uint64_t share =
-          options.slot_budget_bytes / catalog.layers().size() * sc.layers.size();
+      const uint64_t share = options.slot_budget_bytes / catalog.layers().size() * sc.layers.size();
       slots = share / std::max<uint64_t>(c.layout->payload_bytes, 1);
     }
     if (slots < min_slots) {
-      return MakeError(absl::StatusCode::kInvalidArgument, ErrorKind::kBadValue,
-                       absl::StrCat("slot class ", sc.id, " would get ", slots,
-                                    " slots; an acquire of top-", min_slots,
-                                    " needs at least that many (raise the slot budget)"));
+      return MakeError(
+          absl::StatusCode::kInvalidArgument, ErrorKind::kBadValue,
+          absl::StrCat("slot class ", sc.id, " would get ", slots, " slots; an acquire of top-",
+                       min_slots, " needs at least that many (raise the slot budget)"));
     }
     slots = std::min<uint64_t>(slots, uint64_t{c.layout->n_expert} * sc.layers.size());
     ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> policy,
@@ -115,7 +114,8 @@ void Engine::AcquireAsync(uint32_t layer, std::span<const uint32_t> experts, Gra
     std::lock_guard<std::mutex> lock(m.mu);
     auto& [hits, accesses] = m.layer_hits[layer];
     for (const SlotGrant& g : *grants) {
-      w->grant.slots.push_back(GrantedSlot{g.key.expert, l->slot_class, g.slot, g.generation, g.hit});
+      w->grant.slots.push_back(
+          GrantedSlot{g.key.expert, l->slot_class, g.slot, g.generation, g.hit});
       accesses += 1;
       hits += g.hit ? 1 : 0;
       if (g.needs_fill) {
@@ -129,8 +129,8 @@ void Engine::AcquireAsync(uint32_t layer, std::span<const uint32_t> experts, Gra
         ++w->pending;
       } else if (state == SlotState::kEmpty && w->status.ok()) {
         // Joined another request's read, which failed before this acquire registered.
-        w->status = absl::UnavailableError(absl::StrCat(
-            "the read of layer ", layer, " expert ", g.key.expert, " failed; retry"));
+        w->status = absl::UnavailableError(
+            absl::StrCat("the read of layer ", layer, " expert ", g.key.expert, " failed; retry"));
       }
     }
     // The sweep reached this layer: its other prefetches came too late to matter.
@@ -198,9 +198,7 @@ uint32_t Engine::slots(uint32_t slot_class) const {
 const Arena& Engine::arena(uint32_t slot_class, size_t projection) const {
   return *impl_->classes[slot_class].arenas[projection];
 }
-FenceTable& Engine::fences(uint32_t slot_class) const {
-  return *impl_->classes[slot_class].fences;
-}
+FenceTable& Engine::fences(uint32_t slot_class) const { return *impl_->classes[slot_class].fences; }
 
 EngineStats Engine::Stats() const {
   EngineStats s;

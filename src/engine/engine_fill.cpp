@@ -98,11 +98,17 @@ std::vector<Engine::Impl::Start> Engine::Impl::TakeStartable() {
     prefetch_q.pop_front();
   }
   fills_in_flight += static_cast<int>(out.size());
+  fills_starting += static_cast<int>(out.size());
   return out;
 }
 
 void Engine::Impl::StartFills(std::vector<Start> starts) {
+  if (starts.empty()) return;
   for (const Start& s : starts) StartFill(s.fill, s.segment);
+  // Shutdown waits for this before it destroys the reader pools these fills were submitted to.
+  std::lock_guard<std::mutex> lock(mu);
+  fills_starting -= static_cast<int>(starts.size());
+  if (fills_starting == 0) fills_settled.notify_all();
 }
 
 void Engine::Impl::StartFill(const Fill& f, uint32_t seg) {
@@ -116,9 +122,9 @@ void Engine::Impl::StartFill(const Fill& f, uint32_t seg) {
     if (!loc.ok()) return FinishFill(f, seg, loc.status());
     if (loc->bytes != proj.expert_bytes) {
       return FinishFill(f, seg,
-                        absl::InternalError(absl::StrCat("catalog places ", loc->bytes, " bytes of ",
-                                                         proj.tensor, " expert ", f.key.expert,
-                                                         "; an expert has ", proj.expert_bytes)));
+                        absl::InternalError(absl::StrCat(
+                            "catalog places ", loc->bytes, " bytes of ", proj.tensor, " expert ",
+                            f.key.expert, "; an expert has ", proj.expert_bytes)));
     }
     uint8_t* dst = seg == kNoSegment
                        ? c.arenas[p]->host_write_data() + uint64_t{f.slot} * proj.expert_bytes
@@ -238,8 +244,8 @@ void Engine::Impl::Complete(const std::shared_ptr<PendingAcquire>& w) {
   }
   std::vector<std::vector<SlotGrant>> by_class(classes.size());
   for (const GrantedSlot& s : w->grant.slots) {
-    by_class[s.slot_class].push_back(SlotGrant{
-        .key = {w->grant.layer, s.expert}, .slot = s.slot, .generation = s.generation});
+    by_class[s.slot_class].push_back(
+        SlotGrant{.key = {w->grant.layer, s.expert}, .slot = s.slot, .generation = s.generation});
   }
   for (size_t c = 0; c < classes.size(); ++c) {
     if (!by_class[c].empty()) classes[c].pool->Commit(by_class[c]);
@@ -273,6 +279,11 @@ void Engine::Impl::Shutdown() {
     for (const Fill& f : queued) Settle(f, cancelled, &ready);
   }
   for (auto& w : ready) Complete(w);
+  {
+    // Fills taken from the queues before `stopping` was set may still be submitting.
+    std::unique_lock<std::mutex> lock(mu);
+    fills_settled.wait(lock, [this] { return fills_starting == 0; });
+  }
   readers.reset();  // cancels queued reads; their fills finish with Cancelled
   std::unique_lock<std::mutex> lock(mu);
   fills_settled.wait(lock, [this] { return fills_in_flight == 0; });

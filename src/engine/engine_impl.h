@@ -93,8 +93,8 @@ struct Engine::Impl {
   std::unique_ptr<StagingRing> ring;
   std::unique_ptr<ReaderPools> readers;
 
-  std::mutex mu;  // std primitives: visible to ThreadSanitizer
-  std::condition_variable fills_settled;
+  std::mutex mu;                          // std primitives: visible to ThreadSanitizer
+  std::condition_variable fills_settled;  // fills_in_flight or fills_starting reached 0
   std::unique_ptr<Predictor> predictor ABSL_GUARDED_BY(mu);
   std::deque<Fill> demand_q ABSL_GUARDED_BY(mu);
   // Prefetch fills waiting for a staging segment. Cancelled or promoted ones stay here until
@@ -112,6 +112,7 @@ struct Engine::Impl {
   uint64_t fills_failed ABSL_GUARDED_BY(mu) = 0;
   uint64_t prefetch_promoted ABSL_GUARDED_BY(mu) = 0;
   int fills_in_flight ABSL_GUARDED_BY(mu) = 0;
+  int fills_starting ABSL_GUARDED_BY(mu) = 0;  // taken by TakeStartable, not yet submitted
   bool stopping ABSL_GUARDED_BY(mu) = false;
   std::atomic<uint64_t> bytes_copied{0};
   std::atomic<uint64_t> bytes_in_place{0};

@@ -87,9 +87,9 @@ absl::StatusOr<std::vector<SlotGrant>> SlotPool::Acquire(uint32_t layer,
             free_.push_back(done.slot);
           }
         }
-        return MakeError(absl::StatusCode::kUnavailable, ErrorKind::kBadValue,
-                         absl::StrCat("all ", capacity_,
-                                      " slots are leased or filling; retry after releases"));
+        return MakeError(
+            absl::StatusCode::kUnavailable, ErrorKind::kBadValue,
+            absl::StrCat("all ", capacity_, " slots are leased or filling; retry after releases"));
       }
       Slot& slot = slots_[*s];
       slot.key = key;
@@ -152,7 +152,6 @@ FillOutcome SlotPool::FillDone(SlotId s, uint64_t generation, bool ok) {
     slot.cancelled = false;
     slot.prefetched_unused = false;
     slot.state = SlotState::kEmpty;
-    ++stats_.prefetch_cancelled;
     if (slot.leases == 0) free_.push_back(s);
     return FillOutcome::kCancelled;
   }
@@ -182,6 +181,7 @@ bool SlotPool::CancelPrefetch(SlotId s, uint64_t generation) {
   where_.erase(slot.key);
   policy_->OnRemove(s);
   slot.cancelled = true;
+  ++stats_.prefetch_cancelled;
   return true;
 }
 
@@ -193,6 +193,7 @@ void SlotPool::RestorePrefetch(SlotId s, uint64_t generation) {
     return;
   }
   slot.cancelled = false;
+  --stats_.prefetch_cancelled;
   where_[slot.key] = s;
   policy_->OnPrefetch(s, slot.key, now_);
 }

@@ -27,14 +27,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include <mutex>
-
-#include "absl/base/thread_annotations.h"
 #include "engine/bundle.h"
 #include "engine/eviction_policy.h"
 
@@ -59,16 +58,16 @@ struct SlotGrant {
 
 struct SlotPoolStats {
   uint64_t accesses = 0;
-  uint64_t hits = 0;       // resident at acquire
-  uint64_t joins = 0;      // being filled by an earlier request: shared the in-flight read
-  uint64_t misses = 0;     // needed a fill
+  uint64_t hits = 0;    // resident at acquire
+  uint64_t joins = 0;   // being filled by an earlier request: shared the in-flight read
+  uint64_t misses = 0;  // needed a fill
   uint64_t evictions = 0;
   uint64_t prefetch_issued = 0;
-  uint64_t prefetch_used = 0;    // prefetched bundles later acquired
-  uint64_t prefetch_wasted = 0;  // prefetched bundles evicted or failed before any acquire
-  uint64_t prefetch_dropped = 0; // prefetches refused: no slot allowed by the prefetch rule
+  uint64_t prefetch_used = 0;     // prefetched bundles later acquired
+  uint64_t prefetch_wasted = 0;   // prefetched bundles evicted or failed before any acquire
+  uint64_t prefetch_dropped = 0;  // prefetches refused: no slot allowed by the prefetch rule
   uint64_t fill_errors = 0;
-  uint64_t prefetch_cancelled = 0;  // superseded before their read started (CancelPrefetch)
+  uint64_t prefetch_cancelled = 0;  // superseded and given up (CancelPrefetch, not restored)
 };
 
 // How a fill ended, as FillDone saw it.
@@ -138,7 +137,7 @@ class SlotPool {
     uint32_t leases = 0;
     uint64_t last_access = 0;
     bool prefetched_unused = false;
-    bool cancelled = false;  // a cancelled prefetch fill, waiting for its FillDone
+    bool cancelled = false;     // a cancelled prefetch fill, waiting for its FillDone
     uint64_t last_granted = 0;  // newest committed generation of this slot (see Commit)
   };
 

@@ -184,9 +184,8 @@ bool ReadJobHandle::TryCancel() const {
   uint32_t phase = job_->phase.load(std::memory_order_acquire);
   do {
     if ((phase & JobState::kStarted) != 0) return false;
-  } while (!job_->phase.compare_exchange_weak(phase, phase | JobState::kRefused,
-                                              std::memory_order_acq_rel,
-                                              std::memory_order_acquire));
+  } while (!job_->phase.compare_exchange_weak(
+      phase, phase | JobState::kRefused, std::memory_order_acq_rel, std::memory_order_acquire));
   job_->cancelled.store(true, std::memory_order_release);
   return true;
 }

@@ -1,107 +1,46 @@
-// The engine end to end on the host device: a synthesized model, real packs and reader pools,
-// slots in shared memory. Every granted slot's bytes are checked against the pack (the oracle is
-// a plain pread of the catalog's location), as a client would see them through the arena.
-#include "engine/engine.h"
-
+// The engine end to end on the host device (fixture: engine_test_fixture.h): misses, hits,
+// evictions, concurrent sessions, bad requests, read errors, the history predictor. Every
+// granted slot's bytes are checked against the pack.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <random>
 #include <thread>
 
-#include "device/host/host_device.h"
-#include "format/gguf_model.h"
-#include "support/test_support.h"
-#include "synth/synth.h"
-#include "util/file.h"
+#include "engine/engine.h"
+#include "unit/engine_test_fixture.h"
 
 namespace expertd {
 namespace {
 
-class EnginePipelineTest : public ::testing::Test {
+class EnginePipelineTest : public testing::EngineFixture {};
+
+// The same cases on both fill paths: through staging and a device copy, and in place.
+class EngineFillPathTest : public testing::EngineFixture,
+                           public ::testing::WithParamInterface<bool> {
  protected:
-  void Open(const std::string& preset, PackReadHook hook = nullptr) {
-    SynthOptions so;
-    so.preset = preset;
-    so.out_dir = dir_.File("m");
-    so.seed = 5;
-    ASSERT_TRUE(SynthesizeModel(so).ok());
-    auto model = GgufModel::Open(dir_.File("m/model.gguf"));
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = std::make_unique<GgufModel>(*std::move(model));
-    auto catalog = ModelCatalog::Build(*model_, nullptr);
-    ASSERT_TRUE(catalog.ok()) << catalog.status();
-    catalog_ = std::make_unique<ModelCatalog>(*std::move(catalog));
-    std::vector<PackSpec> specs;
-    for (const PackInfo& p : catalog_->packs()) {
-      PackSpec spec;
-      spec.path = p.path;
-      spec.label = p.label;
-      spec.test_hook = hook;
-      specs.push_back(std::move(spec));
+  absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(uint32_t slots) {
+    EngineOptions o = Options(slots);
+    o.fill_in_place = GetParam();
+    return EngineFixture::MakeEngine(o);
+  }
+  // Every byte took the path under test.
+  void ExpectPath(const Engine& engine) {
+    const EngineStats st = engine.Stats();
+    if (GetParam()) {
+      EXPECT_EQ(st.bytes_in_place, st.bytes_copied);
+    } else {
+      EXPECT_EQ(st.bytes_in_place, 0u);
     }
-    auto packs = PackSet::Open(std::move(specs), PackSetOptions{});
-    ASSERT_TRUE(packs.ok()) << packs.status();
-    packs_ = *std::move(packs);
-    auto device = MakeHostDevice();
-    ASSERT_TRUE(device.ok()) << device.status();
-    device_ = *std::move(device);
   }
-
-  absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(uint32_t slots, std::string policy = "lru",
-                                                     std::string predictor = "none") {
-    EngineOptions o;
-    o.slots_per_class = slots;
-    o.policy = policy;
-    o.predictor = predictor;
-    o.staging_bytes = 4 << 20;
-    return Engine::Create(*catalog_, *packs_, *device_, o);
-  }
-
-  // Compares every projection of every granted slot with the pack's bytes.
-  ::testing::AssertionResult Verify(const Engine& engine, const Grant& grant) {
-    const MoeLayer& layer = *catalog_->FindLayer(grant.layer);
-    for (const GrantedSlot& s : grant.slots) {
-      for (size_t p = 0; p < layer.projections.size(); ++p) {
-        const uint64_t bytes = layer.projections[p].expert_bytes;
-        const auto loc = catalog_->Locate(grant.layer, s.expert, p);
-        std::vector<uint8_t> want(bytes);
-        if (!loc.ok() || !packs_->Read(loc->pack, loc->offset, want).ok()) {
-          return ::testing::AssertionFailure() << "oracle read failed";
-        }
-        const uint8_t* got = engine.arena(s.slot_class, p).host_data() + s.slot * bytes;
-        if (std::memcmp(got, want.data(), bytes) != 0) {
-          return ::testing::AssertionFailure()
-                 << "layer " << grant.layer << " expert " << s.expert << " projection " << p
-                 << " in slot " << s.slot << " differs from the pack";
-        }
-      }
-      if (engine.fences(s.slot_class).ready(s.slot) < s.generation) {
-        return ::testing::AssertionFailure() << "granted before its ready fence";
-      }
-    }
-    return ::testing::AssertionSuccess();
-  }
-
-  void Done(Engine& engine, const Grant& g) {
-    for (const GrantedSlot& s : g.slots) {
-      auto exported = engine.fences(s.slot_class).Export();
-      ASSERT_TRUE(exported.ok());
-      auto mapped = MapFences(*exported);
-      ASSERT_TRUE(mapped.ok());
-      ASSERT_TRUE(mapped->SignalDone(s.slot, s.generation).ok());
-    }
-    engine.Release(g);
-  }
-
-  ::expertd::testing::TempDir dir_;
-  std::unique_ptr<GgufModel> model_;
-  std::unique_ptr<ModelCatalog> catalog_;
-  std::unique_ptr<PackSet> packs_;
-  std::unique_ptr<Device> device_;
 };
 
-TEST_F(EnginePipelineTest, MissThenHitWithCorrectBytes) {
+INSTANTIATE_TEST_SUITE_P(Paths, EngineFillPathTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? std::string("InPlace") : std::string("Staging");
+                         });
+
+TEST_P(EngineFillPathTest, MissThenHitWithCorrectBytes) {
   Open("mixtral-legacy-tiny");
   auto engine = MakeEngine(8);
   ASSERT_TRUE(engine.ok()) << engine.status();
@@ -123,9 +62,10 @@ TEST_F(EnginePipelineTest, MissThenHitWithCorrectBytes) {
   const uint64_t bundle = catalog_->FindLayer(1)->payload_bytes;
   EXPECT_EQ(st.bytes_copied, 2 * bundle);
   EXPECT_GE(st.bytes_read, 2 * bundle);
+  ExpectPath(**engine);
 }
 
-TEST_F(EnginePipelineTest, EvictionRefillsWithTheRightBytes) {
+TEST_P(EngineFillPathTest, EvictionRefillsWithTheRightBytes) {
   Open("deepseek-tiny");  // layers of two slot classes
   auto engine = MakeEngine(16);
   ASSERT_TRUE(engine.ok()) << engine.status();
@@ -143,9 +83,10 @@ TEST_F(EnginePipelineTest, EvictionRefillsWithTheRightBytes) {
     Done(**engine, *g);
   }
   EXPECT_GT((*engine)->Stats().pool.evictions, 0u);
+  ExpectPath(**engine);
 }
 
-TEST_F(EnginePipelineTest, ConcurrentSessionsGetCorrectBytes) {
+TEST_P(EngineFillPathTest, ConcurrentSessionsGetCorrectBytes) {
   Open("qwen3moe-tiny");
   auto engine = MakeEngine(24);
   ASSERT_TRUE(engine.ok()) << engine.status();
@@ -172,6 +113,7 @@ TEST_F(EnginePipelineTest, ConcurrentSessionsGetCorrectBytes) {
   for (auto& s : sessions) s.join();
   EXPECT_EQ(bad.load(), 0);
   EXPECT_GT(ok.load(), 40);
+  ExpectPath(**engine);
 }
 
 TEST_F(EnginePipelineTest, BadRequests) {

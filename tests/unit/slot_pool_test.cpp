@@ -249,7 +249,7 @@ TEST(SlotPool, PrefetchRule) {
   pool->Release(Slots(*b));
   const auto p = pool->Prefetch({1, 9});
   ASSERT_TRUE(p.has_value());
-  EXPECT_EQ(p->slot, (*a)[0].slot);  // the cold one
+  EXPECT_EQ(p->slot, (*a)[0].slot);                  // the cold one
   EXPECT_FALSE(pool->Prefetch({1, 9}).has_value());  // already filling: no second read
   pool->FillDone(p->slot, p->generation, true);
   auto c = pool->Acquire(1, Keys(1, {9}));

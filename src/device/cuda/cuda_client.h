@@ -1,0 +1,25 @@
+// Client side of the CUDA backend, for the engine process (through the client library): opens
+// the daemon's arena IPC memory handles and a session's IPC events, waits for ready and records
+// done on the engine's own CUDA streams. No CUDA types (streams are void*). The rest of the
+// program reaches these through device/cuda_factory.h (OpenCudaArenaIfBuilt,
+// OpenCudaEventsIfBuilt), whose comments state the contracts.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "device/cuda_factory.h"
+#include "device/device.h"
+
+namespace expertd::cuda {
+
+// cudaIpcOpenMemHandle once per process per (handle, ordinal): a process-wide cache of weak
+// references returns the open view while anyone holds it; the last reference closes it.
+absl::StatusOr<std::shared_ptr<const CudaArenaView>> OpenArena(const ArenaExport& descriptor,
+                                                               int device_ordinal);
+
+// cudaIpcOpenEventHandle for every ready and done event of the table, cached the same way.
+absl::StatusOr<std::shared_ptr<CudaSessionEvents>> OpenEvents(const FenceExport& descriptor,
+                                                              int device_ordinal);
+
+}  // namespace expertd::cuda

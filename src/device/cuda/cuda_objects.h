@@ -1,0 +1,197 @@
+// Internal to the CUDA backend (includes CUDA headers; never include it outside src/device/cuda):
+// move-only owners of CUDA resources, and the CUDA Arena, StagingBuffer and FenceTable.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "device/cuda/cuda_check.h"
+#include "device/cuda/event_generations.h"
+#include "device/cuda/ipc_layout.h"
+#include "device/cuda/registration_plan.h"
+#include "device/device.h"
+
+namespace expertd::cuda {
+
+// What a device shares with the objects it made: its GPU, its first sticky error, its pinned
+// budget. Owned by the device; objects hold a pointer (they die before the device).
+struct DeviceContext {
+  DeviceContext(int ordinal_in, uint64_t pinned_limit)
+      : ordinal(ordinal_in), pinned(pinned_limit) {}
+  // Makes the device current on the calling thread (each thread has its own current device).
+  absl::Status Use() {
+    EXPERTD_CUDA_RETURN_IF_ERROR(latch, cudaSetDevice(ordinal));
+    return absl::OkStatus();
+  }
+  const int ordinal;
+  StickyErrorLatch latch;
+  PinnedBudget pinned;
+};
+
+// ---- Owners. Destructors cannot report: a failure there is either harmless or sticky, and a
+// sticky error shows again at the next checked call. ----
+
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  DeviceMemory(void* ptr, int ordinal) : ptr_(ptr), ordinal_(ordinal) {}
+  DeviceMemory(DeviceMemory&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), ordinal_(o.ordinal_) {}
+  DeviceMemory& operator=(DeviceMemory&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(ordinal_, o.ordinal_);
+    return *this;
+  }
+  ~DeviceMemory();
+  uint8_t* get() const { return static_cast<uint8_t*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  int ordinal_ = 0;
+};
+
+class StreamOwner {
+ public:
+  explicit StreamOwner(cudaStream_t s = nullptr) : s_(s) {}
+  StreamOwner(StreamOwner&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  StreamOwner& operator=(StreamOwner&& o) noexcept {
+    std::swap(s_, o.s_);
+    return *this;
+  }
+  ~StreamOwner() {
+    if (s_ != nullptr) (void)cudaStreamDestroy(s_);
+  }
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_;
+};
+
+class EventOwner {
+ public:
+  explicit EventOwner(cudaEvent_t e = nullptr) : e_(e) {}
+  EventOwner(EventOwner&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  EventOwner& operator=(EventOwner&& o) noexcept {
+    std::swap(e_, o.e_);
+    return *this;
+  }
+  ~EventOwner() {
+    if (e_ != nullptr) (void)cudaEventDestroy(e_);
+  }
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_;
+};
+
+absl::StatusOr<EventOwner> CreateEvent(StickyErrorLatch& latch, unsigned flags);
+
+// A registration plan's address (registration_plan.h keeps addresses as integers) as a pointer.
+inline void* HostPointer(uint64_t address) {
+  const auto a = static_cast<uintptr_t>(address);
+  return reinterpret_cast<void*>(a);  // NOLINT(performance-no-int-to-ptr)
+}
+
+// ---- Device objects ----
+
+class CudaArena final : public Arena {
+ public:
+  CudaArena(DeviceContext* ctx, std::string label, uint64_t bytes, uint64_t reserved,
+            DeviceMemory memory)
+      : Arena(std::move(label), bytes, reserved), ctx_(ctx), memory_(std::move(memory)) {}
+  uint8_t* device_data() const { return memory_.get(); }
+  const DeviceContext* owner() const { return ctx_; }
+  // cudaIpcGetMemHandle once, cached: every export of the arena carries the same handle.
+  absl::StatusOr<ArenaExport> Export() const override;
+
+ private:
+  DeviceContext* ctx_;
+  DeviceMemory memory_;
+  mutable std::mutex export_mu_;
+  mutable std::optional<IpcHandleBytes> handle_;
+};
+
+// cudaHostAlloc'd staging, counted against the pinned budget.
+class CudaStaging final : public StagingBuffer {
+ public:
+  CudaStaging(DeviceContext* ctx, std::span<uint8_t> memory) : StagingBuffer(memory), ctx_(ctx) {}
+  ~CudaStaging() override;
+
+ private:
+  DeviceContext* ctx_;
+};
+
+// Caller-owned host memory registered with cudaHostRegister in chunks; unregistered (not freed)
+// when destroyed.
+class CudaRegisteredStaging final : public StagingBuffer {
+ public:
+  CudaRegisteredStaging(DeviceContext* ctx, std::span<uint8_t> memory,
+                        std::vector<HostRange> chunks, uint64_t pinned_bytes)
+      : StagingBuffer(memory), ctx_(ctx), chunks_(std::move(chunks)), pinned_bytes_(pinned_bytes) {}
+  ~CudaRegisteredStaging() override;
+
+ private:
+  DeviceContext* ctx_;
+  std::vector<HostRange> chunks_;
+  uint64_t pinned_bytes_;
+};
+
+// Per slot an IPC ready event and an IPC done event (cudaEventInterprocess |
+// cudaEventDisableTiming) and their generations (event_generations.h). ready()/done() report the
+// bookkeeping (the GPU-side state is in the events: caps().fences_host_visible is false).
+class CudaFenceTable final : public FenceTable {
+ public:
+  // `on_declared` runs (without the table's lock) after a done declaration: queued copies that
+  // waited for it may start.
+  static absl::StatusOr<std::unique_ptr<CudaFenceTable>> Create(DeviceContext* ctx,
+                                                                uint32_t n_slots,
+                                                                std::function<void()> on_declared);
+
+  uint64_t ready(SlotId slot) const override;
+  uint64_t done(SlotId slot) const override;
+  absl::Status AdvanceReady(SlotId slot, uint64_t generation) override;
+  // Not on the hot path: polls until done was declared for `generation`, then until the done
+  // event completed (or without an event, when the client is gone).
+  absl::Status WaitDone(SlotId slot, uint64_t generation, absl::Duration timeout) const override;
+  absl::StatusOr<FenceExport> Export() const override;
+
+  absl::Status DeclareDone(SlotId slot, uint64_t generation, bool recorded);
+  const DeviceContext* owner() const { return ctx_; }
+
+  // For the copy engine.
+  WaitAction ForWait(SlotId slot, uint64_t generation) const;
+  cudaEvent_t done_event(SlotId slot) const { return done_[slot].get(); }
+  // Checks `generation` against ready, records the slot's ready event on `stream` and raises
+  // ready, all under the table's lock (so ready never names a record not yet made).
+  absl::Status RecordReady(SlotId slot, uint64_t generation, cudaStream_t stream);
+
+ private:
+  CudaFenceTable(DeviceContext* ctx, uint32_t n_slots, std::vector<EventOwner> ready,
+                 std::vector<EventOwner> done, std::function<void()> on_declared)
+      : FenceTable(n_slots),
+        ctx_(ctx),
+        ready_(std::move(ready)),
+        done_(std::move(done)),
+        on_declared_(std::move(on_declared)),
+        gens_(n_slots) {}
+
+  DeviceContext* ctx_;
+  const std::vector<EventOwner> ready_;
+  const std::vector<EventOwner> done_;
+  const std::function<void()> on_declared_;
+  mutable std::mutex mu_;
+  EventGenerations gens_;
+  mutable std::optional<FenceExport> export_;
+};
+
+}  // namespace expertd::cuda
