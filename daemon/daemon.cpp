@@ -310,9 +310,18 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
           SetLogLevel(live.logging.level);
           spdlog::info("SIGHUP: logging.level = {}", NameOf(live.logging.level));
           if (!st.ok()) spdlog::warn("SIGHUP: {}", std::string(st.message()));
-          if (live.cache.policy != config.cache.policy || !(live.predictor == config.predictor)) {
-            spdlog::warn("SIGHUP: cache.policy and predictor.* apply to engines started after "
-                         "this point; the running models keep theirs until restart");
+          const EngineOptions next = EngineOptionsFrom(live);
+          for (const auto& m : d.models) {
+            absl::Status r = m->engine().Reconfigure(next.policy, next.predictor,
+                                                     next.predictor_options);
+            if (r.ok()) {
+              spdlog::info("SIGHUP: model {}: cache.policy = {}, predictor = {} (lookahead {}, "
+                           "max_experts {}, history_tokens {})",
+                           m->name(), next.policy, next.predictor, live.predictor.lookahead,
+                           live.predictor.max_experts, live.predictor.history_tokens);
+            } else {
+              spdlog::error("SIGHUP: model {}: {}", m->name(), std::string(r.message()));
+            }
           }
         }
       }

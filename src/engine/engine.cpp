@@ -83,6 +83,31 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelCatalog& catal
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+absl::Status Engine::Reconfigure(std::string_view policy, std::string_view predictor,
+                                 const PredictorOptions& predictor_options) {
+  const ModelCatalog& catalog = impl_->catalog;
+  PolicyModel model{{}, catalog.n_expert(), catalog.n_expert_used()};
+  for (const MoeLayer& l : catalog.layers()) model.layers.push_back(l.block);
+  // Everything is made first, so a bad name changes nothing.
+  std::vector<std::unique_ptr<EvictionPolicy>> policies;
+  for (const Impl::ClassState& c : impl_->classes) {
+    ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> p,
+                     MakeEvictionPolicy(policy, model, c.pool->capacity()));
+    policies.push_back(std::move(p));
+  }
+  PredictorOptions po = predictor_options;
+  po.layers = model.layers;
+  ASSIGN_OR_RETURN(std::unique_ptr<Predictor> next, MakePredictor(predictor, po));
+  for (size_t i = 0; i < policies.size(); ++i) {
+    impl_->classes[i].pool->ReplacePolicy(std::move(policies[i]));
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->predictor = std::move(next);
+  impl_->options.policy = std::string(policy);
+  impl_->options.predictor = std::string(predictor);
+  return absl::OkStatus();
+}
+
 Engine::~Engine() { impl_->Shutdown(); }
 
 void Engine::AcquireAsync(uint32_t layer, std::span<const uint32_t> experts, GrantCallback done) {

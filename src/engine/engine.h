@@ -115,6 +115,12 @@ class Engine {
   // Client prediction: stage these experts of `layer` at low priority.
   void Prefetch(uint32_t layer, std::span<const uint32_t> experts);
 
+  // Replaces the eviction policy of every slot pool and the predictor while serving (the
+  // daemon's SIGHUP). Resident bundles carry over, in their access order; leases, fills and
+  // prefetches in flight are untouched. An unknown name is InvalidArgument and changes nothing.
+  absl::Status Reconfigure(std::string_view policy, std::string_view predictor,
+                           const PredictorOptions& predictor_options);
+
   // Slot geometry, for clients and verification.
   uint32_t slots(uint32_t slot_class) const;
   const Arena& arena(uint32_t slot_class, size_t projection) const;

@@ -251,4 +251,29 @@ uint32_t SlotPool::resident() const {
   return static_cast<uint32_t>(where_.size());
 }
 
+void SlotPool::ReplacePolicy(std::unique_ptr<EvictionPolicy> policy) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<SlotId> occupied;
+  for (SlotId s = 0; s < slots_.size(); ++s) {
+    if (slots_[s].state != SlotState::kEmpty) occupied.push_back(s);
+  }
+  std::sort(occupied.begin(), occupied.end(),
+            [&](SlotId a, SlotId b) { return slots_[a].last_access < slots_[b].last_access; });
+  for (SlotId s : occupied) {
+    const Slot& slot = slots_[s];
+    if (slot.prefetched_unused) {
+      policy->OnPrefetch(s, slot.key, slot.last_access);
+    } else {
+      policy->OnInsert(s, slot.key, slot.last_access);
+      policy->OnAccess(s, slot.key, slot.last_access);
+    }
+  }
+  policy_ = std::move(policy);
+}
+
+std::string_view SlotPool::policy_name() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return policy_->name();
+}
+
 }  // namespace expertd

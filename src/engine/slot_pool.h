@@ -122,6 +122,12 @@ class SlotPool {
   // Drops one lease per slot; slots are given as granted (duplicates release twice).
   void Release(std::span<const SlotId> slots);
 
+  // Swaps the eviction policy (made for capacity() slots). The new policy learns every occupied
+  // slot, oldest access first, so its first victims are what the old one would have chosen
+  // among recency ties.
+  void ReplacePolicy(std::unique_ptr<EvictionPolicy> policy);
+  std::string_view policy_name() const;
+
   // For tests and statistics.
   SlotState state(SlotId slot) const;
   uint32_t leases(SlotId slot) const;

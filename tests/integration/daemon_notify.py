@@ -2,7 +2,8 @@
 """The daemon under a fake service manager: a NOTIFY_SOCKET datagram socket records what expertd
 sends. Checks that READY=1 is sent only after the model loaded and the listeners are up
 (health answers SERVING at that point), STATUS= lines, WATCHDOG=1 pings at half of
-WATCHDOG_USEC, RELOADING=1 on SIGHUP, STOPPING=1 on SIGTERM and exit 0.
+WATCHDOG_USEC, RELOADING=1 on SIGHUP (log level, policy and predictor
+reloaded from the edited file), STOPPING=1 on SIGTERM and exit 0.
 
   daemon_notify.py EXPERTD RAW_RPC
 """
@@ -61,9 +62,16 @@ def main():
             pump(1.5)
             pings = [t for t, m in messages if m == "WATCHDOG=1" and t > ready_at]
             assert len(pings) >= 4, f"{len(pings)} watchdog pings in 1.5 s at WATCHDOG_USEC=0.4 s"
+            with open(config, "w") as f:
+                f.write('[logging]\nlevel = "debug"\n[cache]\npolicy = "lru"\n'
+                        '[predictor]\nkind = "none"\n')
             proc.send_signal(signal.SIGHUP)
             pump(0.5)
             assert any(m.startswith("RELOADING=1") for _, m in messages), "no RELOADING=1"
+            log.flush()
+            text = open(os.path.join(work, "daemon.log")).read()
+            assert "logging.level = debug" in text, "log level not reloaded"
+            assert "cache.policy = lru, predictor = none" in text, "policy/predictor not reloaded"
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(timeout=30)
             pump(0.3)

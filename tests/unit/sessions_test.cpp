@@ -235,6 +235,50 @@ TEST_F(SessionsTest, DrainRefusesNewWork) {
   EXPECT_EQ(reg.Open(model_.get(), peer_, "u").status().code(), absl::StatusCode::kUnavailable);
 }
 
+// SIGHUP's engine side: the policy and predictor change while bundles stay resident.
+TEST_F(SessionsTest, ReconfigureKeepsResidentBundles) {
+  SessionRegistry& reg = Registry();
+  auto s = reg.Open(model_.get(), peer_, "t");
+  auto outbox = std::make_shared<RecordingOutbox>();
+  ASSERT_TRUE(reg.Attach((*s)->id(), peer_, outbox).ok());
+  (*s)->Acquire(AcquireMsg(1, 0, {1, 2}));
+  auto g = outbox->Take(GrantFor(1));
+  ASSERT_TRUE(g.has_value());
+  EXPECT_FALSE(g->grant().slots(0).hit());
+  SignalDone(g->grant());
+  v1::Release rel;
+  rel.set_seq(2);
+  rel.set_lease(g->grant().lease());
+  (*s)->Release(rel);
+
+  PredictorOptions po;
+  EXPECT_EQ(model_->engine().Reconfigure("no-such-policy", "none", po).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model_->engine().Reconfigure("lru", "no-such-predictor", po).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(model_->engine().Reconfigure("lru", "history", po).ok());
+  (*s)->Acquire(AcquireMsg(3, 0, {1, 2}));
+  g = outbox->Take(GrantFor(3));
+  ASSERT_TRUE(g.has_value());
+  EXPECT_TRUE(g->grant().slots(0).hit());  // still resident under the new policy
+  EXPECT_TRUE(g->grant().slots(1).hit());
+  // The new policy evicts: fill more bundles than the pool holds without an error.
+  SignalDone(g->grant());
+  rel.set_seq(4);
+  rel.set_lease(g->grant().lease());
+  (*s)->Release(rel);
+  for (uint32_t layer = 1; layer < 20; ++layer) {
+    (*s)->Acquire(AcquireMsg(10 + layer, layer, {0, 1}));
+    auto gl = outbox->Take(GrantFor(10 + layer));
+    ASSERT_TRUE(gl.has_value()) << "layer " << layer;
+    SignalDone(gl->grant());
+    rel.set_seq(100 + layer);
+    rel.set_lease(gl->grant().lease());
+    (*s)->Release(rel);
+  }
+  EXPECT_EQ(reg.LeasesOutstanding(), 0u);
+}
+
 TEST(PeerAllowedTest, UidsAndGroups) {
   UnixListenerOptions o;
   EXPECT_TRUE(PeerAllowed(1000, {1000}, 1000, o));
