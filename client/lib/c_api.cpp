@@ -9,13 +9,11 @@
 #include <new>
 #include <span>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client.h"
-#include "device/host/host_device.h"
 #include "expertd_client.h"
 
 namespace ec = expertd::client;
@@ -107,42 +105,10 @@ EXPERTD_Error* Guard(const char* fn, F&& body) noexcept {
 // arena itself (read-only, shared by all C sessions of this process) and computes every slot
 // pointer from that one mapping: base + slot * stride, the same address an engine's tensor sees.
 
-expertd::SharedHandle ToHandle(const v1::SharedMemory& m) {
-  expertd::SharedHandle h;
-  h.kind = m.cuda_ipc_handle().empty() ? expertd::SharedHandle::Kind::kHostShm
-                                       : expertd::SharedHandle::Kind::kCudaIpc;
-  h.shm_name = m.shm_name();
-  h.fd = m.fd();
-  h.owner_pid = m.owner_pid();
-  h.dev = m.dev();
-  h.inode = m.inode();
-  h.ipc_handle = m.cuda_ipc_handle();
-  return h;
-}
 
-absl::StatusOr<std::shared_ptr<expertd::MappedArena>> MapShared(const v1::ArenaHandle& a) {
-  static std::mutex* mu = new std::mutex();  // never destroyed: sessions may outlive main
-  static auto* live =
-      new std::map<std::tuple<uint64_t, uint64_t, int64_t>, std::weak_ptr<expertd::MappedArena>>();
-  const auto key = std::make_tuple(a.memory().dev(), a.memory().inode(), a.memory().owner_pid());
-  std::lock_guard<std::mutex> lock(*mu);
-  if (auto it = live->find(key); it != live->end()) {
-    if (std::shared_ptr<expertd::MappedArena> m = it->second.lock()) return m;
-  }
-  expertd::ArenaExport ex;
-  ex.handle = ToHandle(a.memory());
-  ex.bytes = a.bytes();
-  ex.reserved_bytes = a.reserved_bytes();
-  ex.label = a.label();
-  absl::StatusOr<expertd::MappedArena> mapped = expertd::MapArena(ex);
-  if (!mapped.ok()) return mapped.status();
-  auto shared = std::make_shared<expertd::MappedArena>(*std::move(mapped));
-  (*live)[key] = shared;
-  return shared;
-}
-
+// The C++ session's mapping of one arena (kept alive by `map`, also after the session is gone).
 struct ArenaView {
-  std::shared_ptr<expertd::MappedArena> map;
+  std::shared_ptr<const void> map;
   const uint8_t* base = nullptr;
   uint64_t stride = 0;
   uint32_t slots = 0;
@@ -400,20 +366,21 @@ EXPERTD_Error* EXPERTD_SessionNew(EXPERTD_Session** session, EXPERTD_Client* cli
       }
       for (uint32_t layer : sc.layers()) state->layer_class[layer] = static_cast<uint32_t>(c);
       std::vector<ArenaView> views;
-      for (const v1::ArenaHandle& a : h.arenas()) {
-        absl::StatusOr<std::shared_ptr<expertd::MappedArena>> m = MapShared(a);
+      for (int p = 0; p < h.arenas_size(); ++p) {
+        absl::StatusOr<ec::ArenaRef> m =
+            (*s)->arena(static_cast<uint32_t>(c), static_cast<uint32_t>(p));
         if (!m.ok()) return FromStatus(m.status());
         ArenaView v;
-        v.stride = a.slot_stride();
-        v.slots = h.slots();
-        if (v.stride == 0 || (*m)->data().size() / v.stride < v.slots) {
-          return MakeError(
-              EXPERTD_ERROR_INTERNAL,
-              absl::StrCat(fn, ": arena '", a.label(), "' of ", (*m)->data().size(),
-                           " bytes cannot hold ", v.slots, " slots of ", v.stride, " bytes"));
+        v.stride = m->stride;
+        v.slots = m->slots;
+        if (v.stride == 0 || m->bytes.size() / v.stride < v.slots) {
+          return MakeError(EXPERTD_ERROR_INTERNAL,
+                           absl::StrCat(fn, ": arena '", h.arenas(p).label(), "' of ",
+                                        m->bytes.size(), " bytes cannot hold ", v.slots,
+                                        " slots of ", v.stride, " bytes"));
         }
-        v.base = (*m)->data().data();
-        v.map = *std::move(m);
+        v.base = m->bytes.data();
+        v.map = std::move(m->keep_alive);
         views.push_back(std::move(v));
       }
       state->arenas.push_back(std::move(views));

@@ -101,6 +101,20 @@ class SessionImpl final : public Session {
   const v1::ModelInfo& model() const override { return info_.model(); }
   const v1::OpenSessionResponse& info() const override { return info_; }
 
+  absl::StatusOr<ArenaRef> arena(uint32_t slot_class, uint32_t projection) const override {
+    if (slot_class >= classes_.size() || projection >= classes_[slot_class].arenas.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("no arena for slot class ", slot_class,
+                                                     " projection ", projection));
+    }
+    const SlotClassView& c = classes_[slot_class];
+    ArenaRef ref;
+    ref.keep_alive = c.arenas[projection];
+    ref.bytes = c.arenas[projection]->data();
+    ref.stride = c.strides[projection];
+    ref.slots = info_.slot_classes(static_cast<int>(slot_class)).slots();
+    return ref;
+  }
+
   absl::StatusOr<Lease> Acquire(uint32_t layer, std::span<const uint32_t> experts,
                                 absl::Duration timeout) override {
     const absl::Time deadline = absl::Now() + timeout;

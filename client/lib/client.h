@@ -57,10 +57,22 @@ struct Lease {
   absl::Duration stall;         // daemon-side request-to-grant time
 };
 
+// One mapped arena of a session: its bytes in this process, and an owner that keeps the mapping
+// alive (for leases or tensors that outlive the Session object).
+struct ArenaRef {
+  std::shared_ptr<const void> keep_alive;
+  std::span<const uint8_t> bytes;  // slot s of the projection at bytes[s * stride, +stride)
+  uint64_t stride = 0;
+  uint32_t slots = 0;
+};
+
 class Session {
  public:
   virtual ~Session() = default;  // ends the stream: the daemon releases what is still leased
   virtual const v1::ModelInfo& model() const = 0;
+  // The arena of (slot class, projection); the same mapping every SlotView points into.
+  // InvalidArgument for a class or projection that does not exist.
+  virtual absl::StatusOr<ArenaRef> arena(uint32_t slot_class, uint32_t projection) const = 0;
   virtual const v1::OpenSessionResponse& info() const = 0;
   // Leases one slot per expert of `layer`; returns when every slot is ready to read. Retries
   // UNAVAILABLE until `timeout`; other errors as the daemon sent them (INVALID_ARGUMENT,

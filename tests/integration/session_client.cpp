@@ -45,13 +45,18 @@ void Check(bool ok, const std::string& what) {
 }
 
 std::unique_ptr<Client> Connect(const std::string& addr) {
-  auto c = Client::Connect({.address = addr});
+  expertd::client::ConnectOptions options;
+  options.address = addr;
+  auto c = Client::Connect(options);
   if (!c.ok()) Die(std::string(c.status().message()));
   return *std::move(c);
 }
 
 std::unique_ptr<Session> Open(Client& c, const std::string& name) {
-  auto s = c.OpenSession({.model = "demo", .client_name = name});
+  expertd::client::SessionOptions options;
+  options.model = "demo";
+  options.client_name = name;
+  auto s = c.OpenSession(options);
   if (!s.ok()) Die(absl::StrCat("OpenSession: ", s.status().ToString()));
   return *std::move(s);
 }
@@ -213,7 +218,9 @@ int Bad(const std::string& addr) {
   Check(before.ok(), "GetStats");
 
   // Unknown model.
-  auto none = client->OpenSession({.model = "no-such-model"});
+  expertd::client::SessionOptions unknown;
+  unknown.model = "no-such-model";
+  auto none = client->OpenSession(unknown);
   ExpectCode(none.status(), absl::StatusCode::kNotFound, "no-such-model", "open unknown model");
 
   auto session = Open(*client, "bad");
