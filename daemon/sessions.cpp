@@ -69,7 +69,13 @@ Session::Session(SessionRegistry* registry, std::string id, ServedModel* model, 
       peer_(peer),
       client_name_(std::move(client_name)),
       opened_at_(absl::Now()),
-      pidfd_(OpenPidfd(peer.pid)) {}
+      pidfd_(OpenPidfd(peer.pid)),
+      last_request_(opened_at_) {}
+
+void Session::Touch() {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_request_ = absl::Now();
+}
 
 Session::~Session() {
   if (pidfd_ >= 0) close(pidfd_);
@@ -98,6 +104,7 @@ void Session::Fail(uint64_t seq, const absl::Status& status) {
 }
 
 void Session::Acquire(const v1::Acquire& request) {
+  Touch();
   const uint64_t seq = request.seq();
   const SessionLimits& limits = registry_->limits();
   if (registry_->draining()) {
@@ -183,6 +190,7 @@ void Session::Acquire(const v1::Acquire& request) {
 }
 
 void Session::Prefetch(const v1::Prefetch& request) {
+  Touch();
   if (registry_->draining()) return;
   const MoeLayer* layer = model_->catalog().FindLayer(request.layer());
   if (layer == nullptr) return;  // a hint: a bad one is ignored, never an error
@@ -203,6 +211,7 @@ bool Session::DonePassed(const Grant& grant) const {
 }
 
 void Session::Release(const v1::Release& request) {
+  Touch();
   const uint64_t lease = request.lease();
   absl::Status refused;
   Grant grant;
@@ -430,8 +439,9 @@ void SessionRegistry::ReapOnce(absl::Time now) {
         it = sessions_.erase(it);
         continue;
       }
+      const bool idle = now - s.last_request_ > limits_.lease_ttl;
       for (auto lit = s.leases_.begin(); lit != s.leases_.end();) {
-        if (now - lit->second.granted_at > limits_.lease_ttl) {
+        if (idle && now - lit->second.granted_at > limits_.lease_ttl) {
           expired.push_back({it->second, lit->first, std::move(lit->second.grant)});
           lit = s.leases_.erase(lit);
         } else {

@@ -2,9 +2,9 @@
 // granted acquire is a lease the client gives back with Release after signalling done for its
 // slots. The registry enforces the limits and reclaims what clients leave behind:
 //  - a session that is opened but never attached within attach_timeout is dropped;
-//  - a lease held longer than lease_ttl (a client hanging while connected) is reclaimed: the
-//    daemon signals done on the client's behalf, releases it and tells the session
-//    (LeaseExpired);
+//  - a lease held longer than lease_ttl by a session that has sent nothing for as long (a client
+//    hanging while connected) is reclaimed: the daemon signals done on the client's behalf,
+//    releases it and tells the session (LeaseExpired);
 //  - when a session ends (its stream closed for any reason), each lease is released once its
 //    done fences pass, or at once when the client process has exited (pidfd), or after
 //    lease_ttl at the latest.
@@ -98,6 +98,7 @@ class Session : public std::enable_shared_from_this<Session> {
           std::string client_name);
   void Fail(uint64_t seq, const absl::Status& status);
   void Push(v1::SessionResponse message);
+  void Touch();
   // Signals done for every slot of `grant` on the client's behalf and releases it.
   void Reclaim(const Grant& grant);
   bool DonePassed(const Grant& grant) const;
@@ -114,6 +115,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<Outbox> outbox_;  // set by Attach, cleared by End
   bool attached_ = false;
   bool ended_ = false;
+  absl::Time last_request_;  // the last Acquire, Prefetch or Release
   uint32_t pending_ = 0;  // acquires sent to the engine and not answered yet
   uint64_t next_lease_ = 1;
   std::map<uint64_t, Lease> leases_;

@@ -188,6 +188,11 @@ TEST_F(SessionsTest, LeaseTtlReclaimsAndTellsTheClient) {
   ASSERT_TRUE(g.has_value());
   reg.ReapOnce(absl::Now() + absl::Seconds(5));
   EXPECT_EQ(reg.LeasesOutstanding(), 1u);
+  // A session that keeps sending requests keeps its old leases.
+  absl::SleepFor(absl::Milliseconds(20));
+  (*s)->Prefetch(v1::Prefetch());
+  reg.ReapOnce(absl::Now() + absl::Seconds(10) - absl::Milliseconds(10));
+  EXPECT_EQ(reg.LeasesOutstanding(), 1u);
   reg.ReapOnce(absl::Now() + absl::Seconds(11));
   EXPECT_EQ(reg.LeasesOutstanding(), 0u);
   auto expired = outbox->Take([](const v1::SessionResponse& r) { return r.has_lease_expired(); });
