@@ -192,6 +192,10 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
               "use auto or host"
             : "device.kind = cuda, but no usable CUDA GPU was found (see the line above)"));
   }
+  if (probe.kind == DeviceProbe::Kind::kCuda) {
+    spdlog::warn("device.kind = auto: a GPU is present, but sessions on the CUDA device are not "
+                 "wired yet (docs/device.md); serving from the host device");
+  }
   HostDeviceOptions ho;
   ho.copy_threads = config.device.copy_streams;
   ho.shm_prefix = absl::StrCat("expertd-", getpid());
