@@ -146,9 +146,10 @@ void Engine::Impl::StartFill(const Fill& f, uint32_t seg) {
 
 void Engine::Impl::AfterRead(const Fill& f, uint32_t seg, absl::Status st) {
   ClassState& c = classes[f.cls];
-  if (st.ok() && !f.demand && c.pool->cancelled(f.slot, f.generation)) {
-    st = absl::CancelledError("prefetch superseded");  // its bytes are not wanted any more
-  }
+  // A read that completed goes on even when its prefetch was cancelled meanwhile: the
+  // cancellation may still be undone (RestorePrefetch, when the reader had already started), and
+  // FillDone settles a cancelled slot as cancelled whatever the copy did. Turning the read into
+  // an error here raced with that undo and reported a good fill as failed.
   if (!st.ok()) return FinishFill(f, seg, std::move(st));
   if (seg != kNoSegment) return CopyFromStaging(f, seg);
   // In place: the bytes are in the slot; the last part's completion made them visible here.
