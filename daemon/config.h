@@ -213,6 +213,9 @@ absl::Status RequireModels(const DaemonConfig& config);
 // $XDG_RUNTIME_DIR/expertd/expertd.sock, else /run/expertd/expertd.sock. Relative values of these
 // variables are ignored, as the XDG spec asks.
 std::string DefaultSocketPath(const Environment& env);
+// Every place the default socket may be, in that order (clients look for the first that exists,
+// so a shell with XDG_RUNTIME_DIR set still finds a system service under /run/expertd).
+std::vector<std::string> SocketPathCandidates(const Environment& env);
 std::string ResolveSocketPath(const ListenConfig& listen, const Environment& env);
 // The demo cache when demo.cache_dir is empty: $XDG_CACHE_HOME/expertd/demo, else
 // $HOME/.cache/expertd/demo; FailedPrecondition when neither is set (set demo.cache_dir).

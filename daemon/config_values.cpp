@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "config.h"
@@ -150,13 +151,19 @@ std::string FormatDuration(std::chrono::milliseconds d) {
   return absl::StrCat(ms, "ms");
 }
 
-std::string DefaultSocketPath(const Environment& env) {
+std::vector<std::string> SocketPathCandidates(const Environment& env) {
+  std::vector<std::string> out;
   const std::string runtime = env.Get("RUNTIME_DIRECTORY");
   const std::string first = runtime.substr(0, runtime.find(':'));
-  if (fs::path(first).is_absolute()) return JoinEnvPath(first, "expertd.sock");
+  if (fs::path(first).is_absolute()) out.push_back(JoinEnvPath(first, "expertd.sock"));
   const std::string xdg = env.Get("XDG_RUNTIME_DIR");
-  if (fs::path(xdg).is_absolute()) return JoinEnvPath(xdg, "expertd/expertd.sock");
-  return "/run/expertd/expertd.sock";
+  if (fs::path(xdg).is_absolute()) out.push_back(JoinEnvPath(xdg, "expertd/expertd.sock"));
+  out.push_back("/run/expertd/expertd.sock");
+  return out;
+}
+
+std::string DefaultSocketPath(const Environment& env) {
+  return SocketPathCandidates(env).front();
 }
 
 std::string ResolveSocketPath(const ListenConfig& listen, const Environment& env) {

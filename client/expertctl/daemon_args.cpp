@@ -2,12 +2,12 @@
 
 #include <sys/stat.h>
 
-#include <cstdlib>
 #include <fstream>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "config.h"
 #include "util/status.h"
 
 namespace expertd::ctl {
@@ -16,12 +16,6 @@ namespace {
 bool Exists(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0;
-}
-
-// Read once per command, before the client starts any thread.
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);  // NOLINT(concurrency-mt-unsafe)
-  return v == nullptr ? std::string() : std::string(v);
 }
 
 // The socket path of a "unix:" address, or "" for TCP.
@@ -45,13 +39,8 @@ void AddDaemonOptions(CLI::App* cmd, DaemonArgs* args) {
 }
 
 std::string DefaultDaemonAddress() {
-  std::vector<std::string> candidates;
-  const std::string runtime = Env("RUNTIME_DIRECTORY");
-  const std::string first = runtime.substr(0, runtime.find(':'));
-  if (!first.empty() && first[0] == '/') candidates.push_back(first + "/expertd.sock");
-  const std::string xdg = Env("XDG_RUNTIME_DIR");
-  if (!xdg.empty() && xdg[0] == '/') candidates.push_back(xdg + "/expertd/expertd.sock");
-  candidates.push_back("/run/expertd/expertd.sock");
+  // The daemon's own search order (daemon/config.h), from the environment captured once here.
+  const std::vector<std::string> candidates = SocketPathCandidates(Environment::FromProcess());
   for (const std::string& c : candidates) {
     if (Exists(c)) return "unix://" + c;
   }
