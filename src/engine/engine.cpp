@@ -241,10 +241,12 @@ EngineStats Engine::Stats() const {
     s.pool.fill_errors += p.fill_errors;
     s.pool.prefetch_cancelled += p.prefetch_cancelled;
   }
+  // Copies are counted before reads are, so the snapshot never shows more bytes copied than
+  // read: a bundle's read is counted (PackSet::Read) before its copy can start.
+  s.bytes_copied = impl_->bytes_copied.load(std::memory_order_seq_cst);
+  s.bytes_in_place = impl_->bytes_in_place.load(std::memory_order_seq_cst);
   for (const PackStats& p : impl_->readers->Stats().packs) s.bytes_read += p.bytes_read;
   s.staging = impl_->ring->stats();
-  s.bytes_copied = impl_->bytes_copied.load(std::memory_order_relaxed);
-  s.bytes_in_place = impl_->bytes_in_place.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(impl_->mu);
   s.fills_failed = impl_->fills_failed;
   s.prefetch_promoted = impl_->prefetch_promoted;
