@@ -29,6 +29,7 @@ absl::StatusOr<uint64_t> ArenaReservedBytes(uint64_t requested, uint64_t max_byt
 Arena::~Arena() = default;
 StagingBuffer::~StagingBuffer() = default;
 FenceTable::~FenceTable() = default;
+SessionFences::~SessionFences() = default;
 Device::~Device() = default;
 
 absl::StatusOr<ArenaExport> Arena::Export() const {
@@ -44,6 +45,12 @@ absl::StatusOr<std::unique_ptr<StagingBuffer>> Device::RegisterHostMemory(
     std::span<uint8_t> /*memory*/) {
   return absl::UnimplementedError(
       absl::StrCat("device ", AV(name()), " cannot register host memory as staging"));
+}
+
+absl::StatusOr<std::unique_ptr<SessionFences>> Device::CreateSessionFences(
+    FenceTable& /*shared*/) {
+  return absl::UnimplementedError(absl::StrCat(
+      "device ", AV(name()), " has no per-session done fences (sessions share the class table)"));
 }
 
 absl::Status Device::ReadArena(const Arena& arena, uint64_t offset, std::span<uint8_t> out) {

@@ -47,6 +47,10 @@ struct Capabilities {
   bool fences_host_visible = false;         // FenceTable::ready()/done() read the real counters
   bool staging_pinned = false;              // staging is page-locked (DMA-able)
   bool registers_host_memory = false;       // RegisterHostMemory() is supported
+  // CreateSessionFences() is supported: each client session gets its own done fences (CUDA
+  // events: two processes must never record one event). Without it, sessions share the slot
+  // class's table and store done themselves (host counters).
+  bool session_fences = false;
   uint32_t copy_engines = 0;                // copies that can run at once (threads / streams)
   uint64_t max_arena_bytes = 0;             // largest AllocateArena() request accepted
   uint64_t max_staging_bytes = 0;           // largest AllocateStaging() request accepted
@@ -172,6 +176,35 @@ class FenceTable {
   uint32_t n_slots_;
 };
 
+// One client session's own done fences over a slot class's shared FenceTable (devices with
+// caps().session_fences). Ready stays shared (only the daemon records it); done is per session,
+// so two clients never signal through one object. The daemon declares on the session's behalf:
+// a copy that overwrites a slot waits for every session that declared a read of it.
+// Destroy it before the shared table; declarations already made stay valid (the device keeps
+// what a pending wait needs). Thread-safe.
+class SessionFences {
+ public:
+  virtual ~SessionFences();
+  SessionFences(const SessionFences&) = delete;
+  SessionFences& operator=(const SessionFences&) = delete;
+
+  // What this session's client opens: the shared table's ready part and this session's done
+  // part, in the FenceExport layout of the device.
+  virtual absl::StatusOr<FenceExport> Export() const = 0;
+  // On Release: the client signalled done[slot] after reading `generation`. Stale declarations
+  // are ignored; FailedPrecondition above the slot's ready generation; InvalidArgument for
+  // generation 0 or a slot outside the table.
+  virtual absl::Status DeclareDone(SlotId slot, uint64_t generation) = 0;
+  // The daemon gives up on the client's reads of `slot` up to `generation` (its lease was
+  // reclaimed, or its process exited): a copy does not wait for this session there.
+  virtual absl::Status ForceDone(SlotId slot, uint64_t generation) = 0;
+  // The client process exited: nothing it signalled needs waiting for, on any slot.
+  virtual void ClientGone() = 0;
+
+ protected:
+  SessionFences() = default;
+};
+
 enum class CopyPriority { kDemand, kPrefetch };  // demand = an acquire waits for it
 
 // One contiguous piece of a copy: `source` (inside a StagingBuffer of the same device) to
@@ -251,6 +284,9 @@ class Device {
   // origin's "direct DAX" path. Needs caps().registers_host_memory.
   virtual absl::StatusOr<std::unique_ptr<StagingBuffer>> RegisterHostMemory(
       std::span<uint8_t> memory);
+  // A session's own done fences over `shared` (a table this device made). Needs
+  // caps().session_fences.
+  virtual absl::StatusOr<std::unique_ptr<SessionFences>> CreateSessionFences(FenceTable& shared);
   // Reads arena bytes back (tests, `expertctl` verification). Default: memcpy from host_data()
   // when the arena is host-visible, Unimplemented otherwise.
   virtual absl::Status ReadArena(const Arena& arena, uint64_t offset, std::span<uint8_t> out);

@@ -299,6 +299,55 @@ TEST(EventGenerations, ReadyRecordedIsTracked) {
   EXPECT_FALSE(g.ready_recorded(5));
 }
 
+TEST(EventGenerations, ACopyWaitsForEverySessionThatReadTheSlot) {
+  EventGenerations g(2);
+  ASSERT_TRUE(g.BeginReadyRecord(0, 1).ok());
+  // Sessions 3 and 7 both read generation 1 of slot 0; each records its own event.
+  ASSERT_TRUE(g.DeclareDoneRecorded(0, 1, 7).ok());
+  ASSERT_TRUE(g.DeclareDoneRecorded(0, 1, 3).ok());
+  EXPECT_EQ(g.ForWait(0, 1), WaitAction::kWaitDoneEvent);
+  EXPECT_EQ(g.WaitSources(0), (std::vector<uint64_t>{3, 7}));
+  EXPECT_TRUE(g.WaitSources(1).empty());
+  // A second declaration by one session replaces its first (its records are chained).
+  ASSERT_TRUE(g.DeclareDoneRecorded(0, 1, 3).ok());
+  EXPECT_EQ(g.WaitSources(0).size(), 2u);
+  EXPECT_EQ(g.DeclarationsOf(3), 1u);
+}
+
+TEST(EventGenerations, TheNextReadyRecordClearsWhatItsCopyWaitedFor) {
+  EventGenerations g(1);
+  ASSERT_TRUE(g.BeginReadyRecord(0, 1).ok());
+  ASSERT_TRUE(g.DeclareDoneRecorded(0, 1, 5).ok());
+  // The same generation recorded again keeps the declaration (it was not waited on).
+  ASSERT_TRUE(g.BeginReadyRecord(0, 1).ok());
+  EXPECT_EQ(g.WaitSources(0), (std::vector<uint64_t>{5}));
+  // The next occupant's copy waited on session 5 before its ready record.
+  ASSERT_TRUE(g.BeginReadyRecord(0, 2).ok());
+  EXPECT_TRUE(g.WaitSources(0).empty());
+  EXPECT_EQ(g.ForWait(0, 2), WaitAction::kNotDeclared);  // nobody declared generation 2 yet
+  ASSERT_TRUE(g.DeclareDoneRecorded(0, 2, 9).ok());
+  EXPECT_EQ(g.WaitSources(0), (std::vector<uint64_t>{9}));
+}
+
+TEST(EventGenerations, AGoneSessionIsNotWaitedForButOthersStillAre) {
+  EventGenerations g(3);
+  ASSERT_TRUE(g.BeginReadyRecord(0, 4).ok());
+  ASSERT_TRUE(g.BeginReadyRecord(1, 4).ok());
+  ASSERT_TRUE(g.DeclareDoneRecorded(0, 4, 1).ok());
+  ASSERT_TRUE(g.DeclareDoneRecorded(0, 4, 2).ok());
+  ASSERT_TRUE(g.DeclareDoneRecorded(1, 4, 2).ok());
+  // Session 1's lease was reclaimed: slot 0 still waits for session 2.
+  ASSERT_TRUE(g.DeclareDoneForced(0, 4, 1).ok());
+  EXPECT_EQ(g.ForWait(0, 4), WaitAction::kWaitDoneEvent);
+  EXPECT_EQ(g.WaitSources(0), (std::vector<uint64_t>{2}));
+  // Session 2's process exited: nothing of it is waited on, anywhere.
+  EXPECT_EQ(g.DropSource(2), 2u);
+  EXPECT_EQ(g.ForWait(0, 4), WaitAction::kNone);
+  EXPECT_EQ(g.ForWait(1, 4), WaitAction::kNone);  // declared, no event left to wait on
+  EXPECT_EQ(g.DeclarationsOf(2), 0u);
+  EXPECT_EQ(g.DropSource(2), 0u);
+}
+
 TEST(ClientGenerations, DoneOnlyForWhatWasWaitedFor) {
   ClientGenerations c(3);
   EXPECT_EQ(c.OnRecordDone(0, 1).code(), absl::StatusCode::kFailedPrecondition);

@@ -104,15 +104,17 @@ absl::Status CudaCopyEngine::EnqueueOperations(const CopyRequest& request, cudaS
   for (const FenceWait& w : request.waits) {
     const CudaFenceTable& table = Table(w.fences);
     if (table.ForWait(w.slot, w.generation) != WaitAction::kWaitDoneEvent) continue;
-    cudaEvent_t done = table.done_event(w.slot);
-    // Already complete (the usual case: the client released after its kernels): no GPU wait,
-    // so the stream is not held up behind it.
-    const cudaError_t q = cudaEventQuery(done);
-    if (q == cudaSuccess) continue;
-    if (q != cudaErrorNotReady) {
-      return ctx_->latch.Observe(EXPERTD_CUDA_ERROR(q, "cudaEventQuery(done event)"));
+    // One done event per session that declared a read of the slot's previous occupants.
+    for (const auto& [keep, done] : table.DoneWaits(w.slot)) {
+      // Already complete (the usual case: the client released after its kernels): no GPU
+      // wait, so the stream is not held up behind it.
+      const cudaError_t q = cudaEventQuery(done);
+      if (q == cudaSuccess) continue;
+      if (q != cudaErrorNotReady) {
+        return ctx_->latch.Observe(EXPERTD_CUDA_ERROR(q, "cudaEventQuery(done event)"));
+      }
+      EXPERTD_CUDA_RETURN_IF_ERROR(ctx_->latch, cudaStreamWaitEvent(stream, done, 0));
     }
-    EXPERTD_CUDA_RETURN_IF_ERROR(ctx_->latch, cudaStreamWaitEvent(stream, done, 0));
   }
   for (const CopySegment& s : request.segments) {
     uint8_t* dst = static_cast<const CudaArena*>(s.arena)->device_data() + s.arena_offset;

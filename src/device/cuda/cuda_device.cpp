@@ -69,6 +69,17 @@ class CudaDevice final : public Device {
                      CudaFenceTable::Create(ctx_.get(), n_slots, [engine] { engine->Kick(); }));
     return table;
   }
+  absl::StatusOr<std::unique_ptr<SessionFences>> CreateSessionFences(FenceTable& shared) override {
+    auto* table = dynamic_cast<CudaFenceTable*>(&shared);
+    if (table == nullptr || table->owner() != ctx_.get()) {
+      return InvalidError(ErrorKind::kBadValue,
+                          absl::StrCat("session fences over a fence table that is not ", name_,
+                                       "'s"));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaSessionFences> fences,
+                     CudaSessionFences::Create(ctx_.get(), *table));
+    return fences;
+  }
   absl::Status SubmitCopy(CopyRequest request, CopyCallback on_complete) override;
   absl::Status Drain(absl::Duration timeout) override { return engine_->Drain(timeout); }
   void Shutdown() override {
@@ -134,6 +145,7 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const CudaDeviceOptio
   c.copy_priorities = options.copy_streams >= 2;
   c.staging_pinned = true;
   c.registers_host_memory = d->registration_.mode != RegistrationMode::kUnsupported;
+  c.session_fences = true;
   c.copy_engines = options.copy_streams;
   c.max_arena_bytes = options.max_arena_bytes != 0 ? options.max_arena_bytes : total_bytes;
   c.max_staging_bytes = pinned_limit;

@@ -52,26 +52,45 @@ CudaRegisteredStaging::~CudaRegisteredStaging() {
   ctx_->pinned.Release(pinned_bytes_);
 }
 
+absl::StatusOr<std::vector<EventOwner>> CreateIpcEvents(DeviceContext* ctx, uint32_t n,
+                                                        std::string_view what) {
+  RETURN_IF_ERROR(ctx->Use());
+  constexpr unsigned kFlags = cudaEventInterprocess | cudaEventDisableTiming;
+  std::vector<EventOwner> events;
+  events.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    absl::StatusOr<EventOwner> e = CreateEvent(ctx->latch, kFlags);
+    if (!e.ok()) return Annotate(e.status(), absl::StrCat(AV(what), " event of slot ", i));
+    events.push_back(*std::move(e));
+  }
+  return events;
+}
+
+namespace {
+
+absl::StatusOr<std::vector<IpcHandleBytes>> HandlesOf(DeviceContext* ctx,
+                                                      const std::vector<EventOwner>& events) {
+  RETURN_IF_ERROR(ctx->Use());
+  std::vector<IpcHandleBytes> out(events.size());
+  for (size_t i = 0; i < events.size(); ++i) {
+    cudaIpcEventHandle_t h{};
+    EXPERTD_CUDA_RETURN_IF_ERROR(ctx->latch, cudaIpcGetEventHandle(&h, events[i].get()));
+    std::memcpy(out[i].data(), &h, sizeof(h));
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<CudaFenceTable>> CudaFenceTable::Create(
     DeviceContext* ctx, uint32_t n_slots, std::function<void()> on_declared) {
   if (n_slots == 0 || n_slots > kMaxCudaFenceSlots) {
     return InvalidError(ErrorKind::kBadValue, absl::StrCat("fence table of ", n_slots,
                                                            " slots (1..", kMaxCudaFenceSlots, ")"));
   }
-  RETURN_IF_ERROR(ctx->Use());
-  constexpr unsigned kFlags = cudaEventInterprocess | cudaEventDisableTiming;
-  std::vector<EventOwner> ready;
-  std::vector<EventOwner> done;
-  ready.reserve(n_slots);
-  done.reserve(n_slots);
-  for (uint32_t i = 0; i < n_slots; ++i) {
-    absl::StatusOr<EventOwner> r = CreateEvent(ctx->latch, kFlags);
-    if (!r.ok()) return Annotate(r.status(), absl::StrCat("ready event of slot ", i));
-    ready.push_back(*std::move(r));
-    absl::StatusOr<EventOwner> d = CreateEvent(ctx->latch, kFlags);
-    if (!d.ok()) return Annotate(d.status(), absl::StrCat("done event of slot ", i));
-    done.push_back(*std::move(d));
-  }
+  ASSIGN_OR_RETURN(std::vector<EventOwner> ready, CreateIpcEvents(ctx, n_slots, "ready"));
+  auto done = std::make_shared<DoneEventSet>();
+  ASSIGN_OR_RETURN(done->events, CreateIpcEvents(ctx, n_slots, "done"));
   return std::unique_ptr<CudaFenceTable>(
       new CudaFenceTable(ctx, n_slots, std::move(ready), std::move(done), std::move(on_declared)));
 }
@@ -96,23 +115,74 @@ WaitAction CudaFenceTable::ForWait(SlotId slot, uint64_t generation) const {
   return gens_.ForWait(slot, generation);
 }
 
+std::vector<std::pair<std::shared_ptr<const DoneEventSet>, cudaEvent_t>> CudaFenceTable::DoneWaits(
+    SlotId slot) const {
+  std::lock_guard lock(mu_);
+  std::vector<std::pair<std::shared_ptr<const DoneEventSet>, cudaEvent_t>> out;
+  for (uint64_t source : gens_.WaitSources(slot)) {
+    auto it = sources_.find(source);
+    if (it == sources_.end()) continue;  // cannot happen: declarations keep their source
+    out.emplace_back(it->second.events, it->second.events->events[slot].get());
+  }
+  return out;
+}
+
 absl::Status CudaFenceTable::RecordReady(SlotId slot, uint64_t generation, cudaStream_t stream) {
   std::lock_guard lock(mu_);
   if (slot >= size() || generation < gens_.ready(slot)) {
     return gens_.BeginReadyRecord(slot, generation);  // the error, nothing recorded
   }
   EXPERTD_CUDA_RETURN_IF_ERROR(ctx_->latch, cudaEventRecord(ready_[slot].get(), stream));
-  return gens_.BeginReadyRecord(slot, generation);
+  RETURN_IF_ERROR(gens_.BeginReadyRecord(slot, generation));
+  ForgetDetachedLocked();  // the record cleared the declarations it covered
+  return absl::OkStatus();
 }
 
-absl::Status CudaFenceTable::DeclareDone(SlotId slot, uint64_t generation, bool recorded) {
+absl::Status CudaFenceTable::DeclareDone(SlotId slot, uint64_t generation, bool recorded,
+                                         uint64_t source) {
   {
     std::lock_guard lock(mu_);
-    RETURN_IF_ERROR(recorded ? gens_.DeclareDoneRecorded(slot, generation)
-                             : gens_.DeclareDoneForced(slot, generation));
+    if (!sources_.contains(source)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("done declared for an unknown source ", source));
+    }
+    RETURN_IF_ERROR(recorded ? gens_.DeclareDoneRecorded(slot, generation, source)
+                             : gens_.DeclareDoneForced(slot, generation, source));
+    if (!recorded) ForgetDetachedLocked();
   }
   if (on_declared_) on_declared_();
   return absl::OkStatus();
+}
+
+uint64_t CudaFenceTable::AddSource(std::shared_ptr<const DoneEventSet> events) {
+  std::lock_guard lock(mu_);
+  const uint64_t source = next_source_++;
+  sources_[source].events = std::move(events);
+  return source;
+}
+
+void CudaFenceTable::DetachSource(uint64_t source) {
+  std::lock_guard lock(mu_);
+  auto it = sources_.find(source);
+  if (it == sources_.end() || source == 0) return;
+  it->second.detached = true;
+  ForgetDetachedLocked();
+}
+
+void CudaFenceTable::DropSource(uint64_t source) {
+  {
+    std::lock_guard lock(mu_);
+    if (gens_.DropSource(source) == 0) return;
+    ForgetDetachedLocked();
+  }
+  // Copies that held only for this source's events may go now.
+  if (on_declared_) on_declared_();
+}
+
+void CudaFenceTable::ForgetDetachedLocked() {
+  std::erase_if(sources_, [this](const auto& entry) {
+    return entry.second.detached && gens_.DeclarationsOf(entry.first) == 0;
+  });
 }
 
 absl::Status CudaFenceTable::WaitDone(SlotId slot, uint64_t generation,
@@ -131,11 +201,16 @@ absl::Status CudaFenceTable::WaitDone(SlotId slot, uint64_t generation,
     const WaitAction action = ForWait(slot, generation);
     if (action == WaitAction::kNone) return absl::OkStatus();
     if (action == WaitAction::kWaitDoneEvent) {
-      const cudaError_t e = cudaEventQuery(done_[slot].get());
-      if (e == cudaSuccess) return absl::OkStatus();
-      if (e != cudaErrorNotReady) {
-        return ctx_->latch.Observe(EXPERTD_CUDA_ERROR(e, "cudaEventQuery(done event)"));
+      bool all = true;
+      for (const auto& [keep, event] : DoneWaits(slot)) {
+        const cudaError_t e = cudaEventQuery(event);
+        if (e == cudaErrorNotReady) {
+          all = false;
+        } else if (e != cudaSuccess) {
+          return ctx_->latch.Observe(EXPERTD_CUDA_ERROR(e, "cudaEventQuery(done event)"));
+        }
       }
+      if (all) return absl::OkStatus();
     }
     if (!forever && std::chrono::steady_clock::now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -148,19 +223,41 @@ absl::Status CudaFenceTable::WaitDone(SlotId slot, uint64_t generation,
   }
 }
 
+absl::StatusOr<std::vector<IpcHandleBytes>> CudaFenceTable::ReadyHandles() const {
+  std::lock_guard lock(mu_);
+  if (!ready_handles_) {
+    ASSIGN_OR_RETURN(std::vector<IpcHandleBytes> h, HandlesOf(ctx_, ready_));
+    ready_handles_ = std::move(h);
+  }
+  return *ready_handles_;
+}
+
 absl::StatusOr<FenceExport> CudaFenceTable::Export() const {
+  ASSIGN_OR_RETURN(std::vector<IpcHandleBytes> ready, ReadyHandles());
   std::lock_guard lock(mu_);
   if (!export_) {
-    RETURN_IF_ERROR(ctx_->Use());
-    std::vector<IpcHandleBytes> ready(size());
-    std::vector<IpcHandleBytes> done(size());
-    for (uint32_t i = 0; i < size(); ++i) {
-      cudaIpcEventHandle_t h{};
-      EXPERTD_CUDA_RETURN_IF_ERROR(ctx_->latch, cudaIpcGetEventHandle(&h, ready_[i].get()));
-      std::memcpy(ready[i].data(), &h, sizeof(h));
-      EXPERTD_CUDA_RETURN_IF_ERROR(ctx_->latch, cudaIpcGetEventHandle(&h, done_[i].get()));
-      std::memcpy(done[i].data(), &h, sizeof(h));
-    }
+    ASSIGN_OR_RETURN(std::vector<IpcHandleBytes> done,
+                     HandlesOf(ctx_, sources_.at(0).events->events));
+    ASSIGN_OR_RETURN(FenceExport e, MakeFenceExport(ready, done, ::getpid()));
+    export_ = std::move(e);
+  }
+  return *export_;
+}
+
+absl::StatusOr<std::unique_ptr<CudaSessionFences>> CudaSessionFences::Create(
+    DeviceContext* ctx, CudaFenceTable& table) {
+  auto events = std::make_shared<DoneEventSet>();
+  ASSIGN_OR_RETURN(events->events, CreateIpcEvents(ctx, table.size(), "session done"));
+  const uint64_t source = table.AddSource(events);
+  return std::unique_ptr<CudaSessionFences>(
+      new CudaSessionFences(ctx, table, std::move(events), source));
+}
+
+absl::StatusOr<FenceExport> CudaSessionFences::Export() const {
+  std::lock_guard lock(export_mu_);
+  if (!export_) {
+    ASSIGN_OR_RETURN(std::vector<IpcHandleBytes> ready, table_.ReadyHandles());
+    ASSIGN_OR_RETURN(std::vector<IpcHandleBytes> done, HandlesOf(ctx_, events_->events));
     ASSIGN_OR_RETURN(FenceExport e, MakeFenceExport(ready, done, ::getpid()));
     export_ = std::move(e);
   }

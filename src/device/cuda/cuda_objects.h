@@ -6,11 +6,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -146,9 +148,21 @@ class CudaRegisteredStaging final : public StagingBuffer {
   uint64_t pinned_bytes_;
 };
 
-// Per slot an IPC ready event and an IPC done event (cudaEventInterprocess |
-// cudaEventDisableTiming) and their generations (event_generations.h). ready()/done() report the
-// bookkeeping (the GPU-side state is in the events: caps().fences_host_visible is false).
+// One source's done events (the table's own, or one session's): one IPC event per slot
+// (cudaEventInterprocess | cudaEventDisableTiming). Shared: a copy about to wait on them keeps
+// them alive even when the session ends meanwhile.
+struct DoneEventSet {
+  std::vector<EventOwner> events;
+};
+
+// Creates `n` IPC events; errors name `what` and the slot.
+absl::StatusOr<std::vector<EventOwner>> CreateIpcEvents(DeviceContext* ctx, uint32_t n,
+                                                        std::string_view what);
+
+// Per slot an IPC ready event, and done events per source (event_generations.h: source 0 is the
+// table's own set, what Export() hands out; sessions add theirs with AddSource), with their
+// generations. ready()/done() report the bookkeeping (the GPU-side state is in the events:
+// caps().fences_host_visible is false).
 class CudaFenceTable final : public FenceTable {
  public:
   // `on_declared` runs (without the table's lock) after a done declaration: queued copies that
@@ -160,37 +174,88 @@ class CudaFenceTable final : public FenceTable {
   uint64_t ready(SlotId slot) const override;
   uint64_t done(SlotId slot) const override;
   absl::Status AdvanceReady(SlotId slot, uint64_t generation) override;
-  // Not on the hot path: polls until done was declared for `generation`, then until the done
-  // event completed (or without an event, when the client is gone).
+  // Not on the hot path: polls until done was declared for `generation`, then until every
+  // declared done event completed (none when the clients are gone).
   absl::Status WaitDone(SlotId slot, uint64_t generation, absl::Duration timeout) const override;
+  // Ready handles with the table's own done handles (source 0): for a single client.
   absl::StatusOr<FenceExport> Export() const override;
+  // The ready events' IPC handles, slot 0 first (made once).
+  absl::StatusOr<std::vector<IpcHandleBytes>> ReadyHandles() const;
 
-  absl::Status DeclareDone(SlotId slot, uint64_t generation, bool recorded);
+  absl::Status DeclareDone(SlotId slot, uint64_t generation, bool recorded, uint64_t source = 0);
   const DeviceContext* owner() const { return ctx_; }
+
+  // Sessions: a new source whose done events are `events` (one per slot); DetachSource when the
+  // session object goes (its events are freed once no declaration refers to them); DropSource
+  // when its process exited (its declarations are forgotten).
+  uint64_t AddSource(std::shared_ptr<const DoneEventSet> events);
+  void DetachSource(uint64_t source);
+  void DropSource(uint64_t source);
 
   // For the copy engine.
   WaitAction ForWait(SlotId slot, uint64_t generation) const;
-  cudaEvent_t done_event(SlotId slot) const { return done_[slot].get(); }
+  // With kWaitDoneEvent: the done events to wait on for `slot` (one per declared source),
+  // kept alive by the returned references.
+  std::vector<std::pair<std::shared_ptr<const DoneEventSet>, cudaEvent_t>> DoneWaits(
+      SlotId slot) const;
   // Checks `generation` against ready, records the slot's ready event on `stream` and raises
   // ready, all under the table's lock (so ready never names a record not yet made).
   absl::Status RecordReady(SlotId slot, uint64_t generation, cudaStream_t stream);
 
  private:
+  struct Source {
+    std::shared_ptr<const DoneEventSet> events;
+    bool detached = false;
+  };
   CudaFenceTable(DeviceContext* ctx, uint32_t n_slots, std::vector<EventOwner> ready,
-                 std::vector<EventOwner> done, std::function<void()> on_declared)
+                 std::shared_ptr<const DoneEventSet> done, std::function<void()> on_declared)
       : FenceTable(n_slots),
         ctx_(ctx),
         ready_(std::move(ready)),
-        done_(std::move(done)),
         on_declared_(std::move(on_declared)),
-        gens_(n_slots) {}
+        gens_(n_slots) {
+    sources_[0].events = std::move(done);
+  }
+  void ForgetDetachedLocked();
 
   DeviceContext* ctx_;
   const std::vector<EventOwner> ready_;
-  const std::vector<EventOwner> done_;
   const std::function<void()> on_declared_;
   mutable std::mutex mu_;
   EventGenerations gens_;
+  std::map<uint64_t, Source> sources_;
+  uint64_t next_source_ = 1;
+  mutable std::optional<std::vector<IpcHandleBytes>> ready_handles_;
+  mutable std::optional<FenceExport> export_;
+};
+
+// One session's done events over a CudaFenceTable (SessionFences in device.h).
+class CudaSessionFences final : public SessionFences {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaSessionFences>> Create(DeviceContext* ctx,
+                                                                   CudaFenceTable& table);
+  ~CudaSessionFences() override { table_.DetachSource(source_); }
+
+  absl::StatusOr<FenceExport> Export() const override;
+  absl::Status DeclareDone(SlotId slot, uint64_t generation) override {
+    return table_.DeclareDone(slot, generation, /*recorded=*/true, source_);
+  }
+  absl::Status ForceDone(SlotId slot, uint64_t generation) override {
+    return table_.DeclareDone(slot, generation, /*recorded=*/false, source_);
+  }
+  void ClientGone() override { table_.DropSource(source_); }
+  uint64_t source() const { return source_; }
+
+ private:
+  CudaSessionFences(DeviceContext* ctx, CudaFenceTable& table,
+                    std::shared_ptr<const DoneEventSet> events, uint64_t source)
+      : ctx_(ctx), table_(table), events_(std::move(events)), source_(source) {}
+
+  DeviceContext* ctx_;
+  CudaFenceTable& table_;
+  const std::shared_ptr<const DoneEventSet> events_;
+  const uint64_t source_;
+  mutable std::mutex export_mu_;
   mutable std::optional<FenceExport> export_;
 };
 

@@ -35,6 +35,11 @@ absl::Status EventGenerations::BeginReadyRecord(uint32_t slot, uint64_t generati
     return absl::FailedPreconditionError(
         absl::StrCat("ready[", slot, "] = ", generation, " would lower it from ", s.ready));
   }
+  if (generation > s.ready) {
+    // This copy waited (earlier on its stream) on every declaration of the previous occupants;
+    // a later copy into the slot waits only for readers of this generation and newer.
+    std::erase_if(s.declared, [generation](const Declared& d) { return d.generation < generation; });
+  }
   s.ready = generation;
   s.recorded = true;
   return absl::OkStatus();
@@ -63,29 +68,66 @@ absl::Status EventGenerations::CheckDeclaration(uint32_t slot, uint64_t generati
   return absl::OkStatus();
 }
 
-absl::Status EventGenerations::DeclareDoneRecorded(uint32_t slot, uint64_t generation) {
+absl::Status EventGenerations::DeclareDoneRecorded(uint32_t slot, uint64_t generation,
+                                                   uint64_t source) {
   RETURN_IF_ERROR(CheckDeclaration(slot, generation));
   Slot& s = slots_[slot];
   s.done_event = std::max(s.done_event, generation);
+  auto it = std::lower_bound(s.declared.begin(), s.declared.end(), source,
+                             [](const Declared& d, uint64_t v) { return d.source < v; });
+  if (it != s.declared.end() && it->source == source) {
+    it->generation = std::max(it->generation, generation);
+  } else {
+    s.declared.insert(it, Declared{source, generation});
+  }
   return absl::OkStatus();
 }
 
-absl::Status EventGenerations::DeclareDoneForced(uint32_t slot, uint64_t generation) {
+absl::Status EventGenerations::DeclareDoneForced(uint32_t slot, uint64_t generation,
+                                                 uint64_t source) {
   RETURN_IF_ERROR(CheckDeclaration(slot, generation));
   Slot& s = slots_[slot];
   s.done_forced = std::max(s.done_forced, generation);
+  // Its record (if any) may belong to a killed context and never complete: do not wait on it.
+  std::erase_if(s.declared, [source](const Declared& d) { return d.source == source; });
   return absl::OkStatus();
+}
+
+uint32_t EventGenerations::DropSource(uint64_t source) {
+  uint32_t dropped = 0;
+  for (Slot& s : slots_) {
+    dropped += static_cast<uint32_t>(
+        std::erase_if(s.declared, [source](const Declared& d) { return d.source == source; }));
+  }
+  return dropped;
+}
+
+std::vector<uint64_t> EventGenerations::WaitSources(uint32_t slot) const {
+  std::vector<uint64_t> out;
+  if (slot >= slots_.size()) return out;
+  for (const Declared& d : slots_[slot].declared) out.push_back(d.source);
+  return out;
+}
+
+uint32_t EventGenerations::DeclarationsOf(uint64_t source) const {
+  uint32_t n = 0;
+  for (const Slot& s : slots_) {
+    for (const Declared& d : s.declared) n += d.source == source ? 1 : 0;
+  }
+  return n;
 }
 
 WaitAction EventGenerations::ForWait(uint32_t slot, uint64_t generation) const {
   if (generation == 0) return WaitAction::kNone;
   if (slot >= slots_.size()) return WaitAction::kNotDeclared;
   const Slot& s = slots_[slot];
-  // A client that is gone reads nothing; its last record may never complete (a killed
-  // context), so waiting on it could stall the copy stream for good.
-  if (s.done_forced >= generation) return WaitAction::kNone;
-  if (s.done_event >= generation) return WaitAction::kWaitDoneEvent;
-  return WaitAction::kNotDeclared;
+  // Nobody has declared the generation yet: the slot is released only after every reader
+  // declared (the daemon declares before it gives the lease back), so this is a copy that came
+  // too early; hold it on the CPU rather than trust an event whose latest record is older.
+  if (std::max(s.done_event, s.done_forced) < generation) return WaitAction::kNotDeclared;
+  // Forced declarations dropped their sources: a client that is gone reads nothing, and its
+  // last record may never complete (a killed context), so it is not waited on.
+  return s.declared.empty() ? WaitAction::kNone : WaitAction::kWaitDoneEvent;
 }
 
 absl::Status ClientGenerations::OnWaitReady(uint32_t slot, uint64_t generation) {

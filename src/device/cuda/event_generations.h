@@ -13,6 +13,13 @@
 // and decides what a copy must do for a FenceWait. Generations only grow; stale declarations are
 // ignored. Not thread-safe: the owner (CudaFenceTable) holds a mutex around it.
 //
+// Sources: several sessions may read one slot, and two processes must never record the same
+// event (a later record would hide an earlier one still pending). So each session has its own
+// done events — a *source* (a number; 0 is the table's own done events). Per slot the table keeps
+// one declaration per source (the latest: a source's records are chained, so its latest record
+// covers its earlier ones); a copy that overwrites the slot waits on every source's event, and
+// the ready record of the new occupant clears the declarations it covered.
+//
 // ClientGenerations is the client process's side: it refuses to record done for a generation it
 // never waited for.
 #pragma once
@@ -26,7 +33,7 @@ namespace expertd::cuda {
 
 enum class WaitAction {
   kNone,           // nothing to wait for: generation 0, or the client is gone
-  kWaitDoneEvent,  // cudaStreamWaitEvent on the slot's done event (its latest record covers g)
+  kWaitDoneEvent,  // cudaStreamWaitEvent on each declared source's done event (WaitSources)
   kNotDeclared,    // the client has not declared done for g yet: hold the copy on the CPU
 };
 
@@ -51,25 +58,38 @@ class EventGenerations {
   // FailedPrecondition, equal a no-op.
   absl::Status AdvanceReady(uint32_t slot, uint64_t generation);
 
-  // The client declared (on Release) that it recorded the slot's done event after its kernels
-  // read `generation`. A declaration at or below the current one is ignored (OK); one above
-  // ready is FailedPrecondition (nobody can have read what was not granted). Generation 0 is
-  // InvalidArgument.
-  absl::Status DeclareDoneRecorded(uint32_t slot, uint64_t generation);
-  // The client is gone (its session ended, possibly without recording): generations up to
-  // `generation` need no wait. Same checks as DeclareDoneRecorded.
-  absl::Status DeclareDoneForced(uint32_t slot, uint64_t generation);
+  // The client of `source` declared (on Release) that it recorded the slot's done event after
+  // its kernels read `generation`. A declaration at or below the source's current one is ignored
+  // (OK); one above ready is FailedPrecondition (nobody can have read what was not granted).
+  // Generation 0 is InvalidArgument.
+  absl::Status DeclareDoneRecorded(uint32_t slot, uint64_t generation, uint64_t source = 0);
+  // The client of `source` is gone (its session ended, possibly without recording, or its lease
+  // was reclaimed): generations up to `generation` need no wait for it, and its declaration for
+  // the slot is dropped (its last record may never complete). Same checks as above.
+  absl::Status DeclareDoneForced(uint32_t slot, uint64_t generation, uint64_t source = 0);
+  // The process behind `source` exited: none of its records needs waiting for, on any slot.
+  // Returns how many declarations were dropped.
+  uint32_t DropSource(uint64_t source);
 
   // What a copy must do before overwriting `slot` whose previous occupant was last granted as
   // `generation` (FenceWait::generation).
   WaitAction ForWait(uint32_t slot, uint64_t generation) const;
+  // With kWaitDoneEvent: the sources whose done events the copy waits on (ascending).
+  std::vector<uint64_t> WaitSources(uint32_t slot) const;
+  // Declarations held for `source` over all slots (for tests and bookkeeping).
+  uint32_t DeclarationsOf(uint64_t source) const;
 
  private:
+  struct Declared {
+    uint64_t source = 0;
+    uint64_t generation = 0;
+  };
   struct Slot {
     uint64_t ready = 0;
     bool recorded = false;
-    uint64_t done_event = 0;
-    uint64_t done_forced = 0;
+    uint64_t done_event = 0;   // highest generation declared recorded, by any source
+    uint64_t done_forced = 0;  // highest generation declared without an event
+    std::vector<Declared> declared;  // one per source, ascending by source
   };
   absl::Status CheckDeclaration(uint32_t slot, uint64_t generation) const;
   std::vector<Slot> slots_;
