@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "device/cuda_factory.h"
 #include "device/device_probe.h"
 #include "device/host/host_device.h"
 #include "lifecycle.h"
@@ -79,7 +81,7 @@ absl::StatusOr<std::string> ReadToken(const std::string& path) {
 
 // Everything the daemon owns, declared in construction order; destroyed in reverse.
 struct Daemon {
-  std::unique_ptr<Device> device;
+  std::vector<std::unique_ptr<Device>> devices;  // the default first
   std::vector<std::unique_ptr<ServedModel>> models;
   std::unique_ptr<SessionRegistry> sessions;
   PeerTable peers;
@@ -97,7 +99,7 @@ struct Daemon {
     grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
     if (health == nullptr) return;
     health->SetServingStatus("", serving);
-    for (const auto& m : models) health->SetServingStatus(m->name(), serving);
+    for (const auto& m : models) health->SetServingStatus(m->name(), serving);  // once per device
   }
 
   // Stops serving in a fixed order: listeners, then the gRPC server (its Session streams end,
@@ -111,10 +113,57 @@ struct Daemon {
     server.reset();
     sessions.reset();
     models.clear();
-    if (device) device->Shutdown();
-    device.reset();
+    for (const auto& device : devices) device->Shutdown();
+    devices.clear();
   }
 };
+
+// The devices to serve from, the default first: one CUDA device per configured ordinal when
+// device.kind asks for CUDA (or is auto and a GPU is usable), else the host device. With auto,
+// a CUDA device that cannot start leaves the daemon on the host device, saying why in one line.
+absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeDevices(const DaemonConfig& config,
+                                                                 const DeviceProbe& probe) {
+  std::vector<std::unique_ptr<Device>> devices;
+  const DeviceConfig& dc = config.device;
+  const bool asked = dc.kind == DeviceConfig::Kind::kCuda;
+  if (asked && probe.kind != DeviceProbe::Kind::kCuda) {
+    return absl::FailedPreconditionError(
+        GetBuildFeatures().cuda_backend
+            ? "device.kind = cuda, but no usable CUDA GPU was found (see the line above)"
+            : "device.kind = cuda, but this build has no CUDA backend (built without the toolkit)");
+  }
+  if (dc.kind != DeviceConfig::Kind::kHost && probe.kind == DeviceProbe::Kind::kCuda) {
+    absl::Status failed;
+    for (int ordinal : dc.cuda_devices) {
+      CudaDeviceOptions co;
+      co.ordinal = ordinal;
+      co.copy_streams = std::min<uint32_t>(dc.copy_streams, 16);
+      absl::StatusOr<std::unique_ptr<Device>> device = MakeCudaDeviceIfBuilt(co);
+      if (!device.ok()) {
+        failed = absl::Status(device.status().code(),
+                              absl::StrCat("device.cuda_devices: GPU ", ordinal, ": ",
+                                           device.status().message()));
+        break;
+      }
+      devices.push_back(*std::move(device));
+    }
+    if (failed.ok()) return devices;
+    if (asked) return failed;
+    devices.clear();
+    spdlog::warn("device: {}; device.kind = auto serves from the host device instead",
+                 std::string(failed.message()));
+  }
+  HostDeviceOptions ho;
+  ho.copy_threads = dc.copy_streams;
+  ho.shm_prefix = absl::StrCat("expertd-", getpid());
+  // Clients of other users reach the shared memory through the daemon's group.
+  const bool others = !config.listen.allowed_uids.empty() || !config.listen.allowed_gids.empty();
+  ho.shm_mode = others ? 0660 : 0600;
+  absl::StatusOr<std::unique_ptr<Device>> device = MakeHostDevice(ho);
+  if (!device.ok()) return device.status();
+  devices.push_back(*std::move(device));
+  return devices;
+}
 
 }  // namespace
 
@@ -181,36 +230,23 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
   }
   if (specs.empty()) return fail(RequireModels(config));
 
-  // Device: the CUDA backend is chosen here once it exists; today every process serves from
-  // the host device, and says why when a GPU was asked for.
   const DeviceProbe probe = ProbeDevices();
   spdlog::info("{}", probe.log_line);
-  if (config.device.kind == DeviceConfig::Kind::kCuda) {
-    return fail(absl::FailedPreconditionError(
-        probe.kind == DeviceProbe::Kind::kCuda
-            ? "device.kind = cuda: the CUDA device backend is not available in this build yet; "
-              "use auto or host"
-            : "device.kind = cuda, but no usable CUDA GPU was found (see the line above)"));
+  absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices = MakeDevices(config, probe);
+  if (!devices.ok()) return fail(devices.status());
+  d.devices = *std::move(devices);
+  for (const auto& device : d.devices) {
+    d.state.device_names.emplace_back(device->name());
+    const Capabilities& c = device->caps();
+    spdlog::info("serving from device {} ({} copy engine(s), {}pinned staging, arenas up to {} "
+                 "bytes)",
+                 device->name(), c.copy_engines, c.staging_pinned ? "" : "un",
+                 c.max_arena_bytes);
   }
-  if (probe.kind == DeviceProbe::Kind::kCuda) {
-    spdlog::warn("device.kind = auto: a GPU is present, but sessions on the CUDA device are not "
-                 "wired yet (docs/device.md); serving from the host device");
-  }
-  HostDeviceOptions ho;
-  ho.copy_threads = config.device.copy_streams;
-  ho.shm_prefix = absl::StrCat("expertd-", getpid());
-  // Clients of other users reach the shared memory through the daemon's group.
-  const bool others = !config.listen.allowed_uids.empty() || !config.listen.allowed_gids.empty();
-  ho.shm_mode = others ? 0660 : 0600;
-  absl::StatusOr<std::unique_ptr<Device>> device = MakeHostDevice(ho);
-  if (!device.ok()) return fail(device.status());
-  d.device = *std::move(device);
 
   d.sessions = std::make_unique<SessionRegistry>(LimitsFrom(config.limits));
   d.state.sessions = d.sessions.get();
   d.state.peers = &d.peers;
-  d.state.device_name = std::string(d.device->name());
-  d.state.device_kind = "host";
   d.service = std::make_unique<ExpertdService>(&d.state);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -269,36 +305,46 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
   const EngineOptions engine_options = EngineOptionsFrom(config);
   const PackSetOptions pack_options = PackOptionsFrom(config);
   for (const ModelSpec& spec : specs) {
-    manager.Status(absl::StrCat("loading model ", spec.name, " from ", spec.gguf));
-    absl::StatusOr<std::unique_ptr<ServedModel>> m =
-        ServedModel::Load(spec, *d.device, pack_options, engine_options);
-    if (!m.ok()) return fail(m.status());
-    const ModelCatalog& c = (*m)->catalog();
-    uint32_t slots = 0;
-    for (const SlotClass& sc : c.slot_classes()) slots += (*m)->engine().slots(sc.id);
-    spdlog::info("model {}: {} MoE layers x {} experts (top-{}), {} packs verified, {} slots in {} "
-                 "class(es)",
-                 spec.name, c.layers().size(), c.n_expert(), c.n_expert_used(), c.packs().size(),
-                 slots, c.slot_classes().size());
-    d.models.push_back(*std::move(m));
+    for (const auto& device : d.devices) {
+      manager.Status(absl::StrCat("loading model ", spec.name, " from ", spec.gguf, " on ",
+                                  AV(device->name())));
+      absl::StatusOr<std::unique_ptr<ServedModel>> m =
+          ServedModel::Load(spec, *device, pack_options, engine_options);
+      if (!m.ok()) return fail(m.status());
+      const ModelCatalog& c = (*m)->catalog();
+      uint32_t slots = 0;
+      for (const SlotClass& sc : c.slot_classes()) slots += (*m)->engine().slots(sc.id);
+      spdlog::info("model {} on {}: {} MoE layers x {} experts (top-{}), {} packs verified, {} "
+                   "slots in {} class(es)",
+                   spec.name, device->name(), c.layers().size(), c.n_expert(), c.n_expert_used(),
+                   c.packs().size(), slots, c.slot_classes().size());
+      d.models.push_back(*std::move(m));
+    }
   }
   {
     std::lock_guard<std::mutex> lock(d.state.models_mu);
-    for (const auto& m : d.models) d.state.models[m->name()] = m.get();
+    for (const auto& m : d.models) d.state.models[m->name()].push_back(m.get());
   }
   d.state.serving = true;
   d.SetHealth(true);
   std::vector<std::string> names;
-  for (const auto& m : d.models) names.push_back(m->name());
+  for (const auto& [name, on] : d.state.models) names.push_back(name);
   manager.Ready(absl::StrCat("serving ", absl::StrJoin(names, ", "), " on unix:",
                              d.unix_listener->path()));
   manager.StartWatchdog(&d.healthy);
 
   DaemonConfig live = config;
   absl::Status device_health;
+  std::string failed_device;
   for (;;) {
     const int sig = WaitForSignal(absl::Milliseconds(500));
-    device_health = d.device->Health();
+    for (const auto& device : d.devices) {
+      device_health = device->Health();
+      if (!device_health.ok()) {
+        failed_device = std::string(device->name());
+        break;
+      }
+    }
     if (!device_health.ok()) break;
     if (sig == 0) continue;
     if (sig == SIGHUP) {
@@ -319,9 +365,9 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
             absl::Status r = m->engine().Reconfigure(next.policy, next.predictor,
                                                      next.predictor_options);
             if (r.ok()) {
-              spdlog::info("SIGHUP: model {}: cache.policy = {}, predictor = {} (lookahead {}, "
-                           "max_experts {}, history_tokens {})",
-                           m->name(), next.policy, next.predictor, live.predictor.lookahead,
+              spdlog::info("SIGHUP: model {} on {}: cache.policy = {}, predictor = {} (lookahead "
+                           "{}, max_experts {}, history_tokens {})",
+                           m->name(), m->device_name(), next.policy, next.predictor, live.predictor.lookahead,
                            live.predictor.max_experts, live.predictor.history_tokens);
             } else {
               spdlog::error("SIGHUP: model {}: {}", m->name(), std::string(r.message()));
@@ -341,7 +387,7 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
     d.healthy = false;
     d.state.serving = false;
     d.SetHealth(false);
-    spdlog::critical("device {} failed: {}; exiting for a restart", d.device->name(),
+    spdlog::critical("device {} failed: {}; exiting for a restart", failed_device,
                      std::string(device_health.message()));
     manager.Stopping(absl::StrCat("device failed: ", device_health.message()));
     d.sessions->BeginDrain();

@@ -34,7 +34,7 @@ std::string RenderMetrics(ServiceState& state) {
   std::vector<std::shared_ptr<Session>> sessions = state.sessions->Sessions();
   std::lock_guard<std::mutex> lock(state.models_mu);
   struct Row {
-    std::string model;
+    std::string model;  // the label values, escaped: model="<this>" (model and device)
     EngineStats e;
     LatencyHistogram stall;
     std::vector<std::pair<std::string, uint64_t>> packs;
@@ -42,18 +42,21 @@ std::string RenderMetrics(ServiceState& state) {
     uint64_t sessions = 0;
   };
   std::vector<Row> rows;
-  for (const auto& [name, model] : state.models) {
-    Row r{name, model->engine().Stats(), model->StallHistogram(), model->PackBytesRead(), 0, 0};
-    for (const auto& s : sessions) {
-      if (&s->model() != model) continue;
-      ++r.sessions;
-      r.leases += s->counters().leases_held;
+  for (const auto& [name, on] : state.models) {
+    for (ServedModel* model : on) {
+      Row r{absl::StrCat(Label(name), "\",device=\"", Label(std::string(model->device_name()))),
+            model->engine().Stats(), model->StallHistogram(), model->PackBytesRead(), 0, 0};
+      for (const auto& s : sessions) {
+        if (&s->model() != model) continue;
+        ++r.sessions;
+        r.leases += s->counters().leases_held;
+      }
+      rows.push_back(std::move(r));
     }
-    rows.push_back(std::move(r));
   }
   const auto counter = [&](const char* name, const char* help, auto get) {
     Header(out, name, "counter", help);
-    for (const Row& r : rows) out << name << "{model=\"" << Label(r.model) << "\"} " << get(r) << '\n';
+    for (const Row& r : rows) out << name << "{model=\"" << r.model << "\"} " << get(r) << '\n';
   };
   Header(out, "expertd_up", "gauge", "1 while the daemon serves, 0 while starting or draining.");
   out << "expertd_up " << (state.serving.load() ? 1 : 0) << '\n';
@@ -78,14 +81,14 @@ std::string RenderMetrics(ServiceState& state) {
   Header(out, "expertd_pack_read_bytes_total", "counter", "Bytes read from each pack file.");
   for (const Row& r : rows) {
     for (const auto& [pack, bytes] : r.packs) {
-      out << "expertd_pack_read_bytes_total{model=\"" << Label(r.model) << "\",pack=\""
+      out << "expertd_pack_read_bytes_total{model=\"" << r.model << "\",pack=\""
           << Label(pack) << "\"} " << bytes << '\n';
     }
   }
   Header(out, "expertd_sessions", "gauge", "Open sessions.");
-  for (const Row& r : rows) out << "expertd_sessions{model=\"" << Label(r.model) << "\"} " << r.sessions << '\n';
+  for (const Row& r : rows) out << "expertd_sessions{model=\"" << r.model << "\"} " << r.sessions << '\n';
   Header(out, "expertd_leases", "gauge", "Leases held by open sessions.");
-  for (const Row& r : rows) out << "expertd_leases{model=\"" << Label(r.model) << "\"} " << r.leases << '\n';
+  for (const Row& r : rows) out << "expertd_leases{model=\"" << r.model << "\"} " << r.leases << '\n';
   // Buckets from 1 µs to ~4 s, in powers of four.
   const std::vector<double> bounds_s = {1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1e-3,
                                         4e-3, 16e-3, 64e-3, 256e-3, 1.0,   4.0};
@@ -95,7 +98,7 @@ std::string RenderMetrics(ServiceState& state) {
          "Time from an acquire's arrival to its grant, daemon side.");
   for (const Row& r : rows) {
     const std::vector<uint64_t> cum = r.stall.CumulativeAt(bounds_ns);
-    const std::string m = Label(r.model);
+    const std::string m = r.model;
     for (size_t i = 0; i < bounds_s.size(); ++i) {
       out << "expertd_acquire_stall_seconds_bucket{model=\"" << m << "\",le=\"" << bounds_s[i]
           << "\"} " << cum[i] << '\n';

@@ -27,6 +27,15 @@ v1::SharedMemory ToProto(const SharedHandle& h) {
 
 }  // namespace
 
+v1::FenceTableHandle ToFenceHandle(const FenceExport& e) {
+  v1::FenceTableHandle f;
+  *f.mutable_memory() = ToProto(e.handle);
+  f.set_n_slots(e.n_slots);
+  f.set_segment_bytes(e.segment_bytes);
+  f.set_done_offset(e.done_offset);
+  return f;
+}
+
 v1::ModelInfo ToModelInfo(const std::string& name, const ModelCatalog& catalog) {
   v1::ModelInfo info;
   info.set_name(name);
@@ -76,6 +85,9 @@ ServedModel::~ServedModel() {
 
 absl::Status ServedModel::Start(Device& device, const PackSetOptions& pack_options,
                                 const EngineOptions& engine_options) {
+  device_ = &device;
+  device_kind_ = device.name().starts_with("cuda") ? "cuda" : "host";
+  session_fences_ = device.caps().session_fences;
   absl::StatusOr<GgufModel> gguf = GgufModel::Open(spec_.gguf);
   if (!gguf.ok()) return gguf.status();
   gguf_ = std::make_unique<GgufModel>(*std::move(gguf));
@@ -159,11 +171,8 @@ absl::Status ServedModel::BuildHandles() {
     }
     absl::StatusOr<FenceExport> fx = engine_->fences(sc.id).Export();
     if (!fx.ok()) return fx.status();
-    v1::FenceTableHandle* f = h.mutable_fences();
-    *f->mutable_memory() = ToProto(fx->handle);
-    f->set_n_slots(fx->n_slots);
-    f->set_segment_bytes(fx->segment_bytes);
-    f->set_done_offset(fx->done_offset);
+    // With session fences every session is sent its own table (OpenSession replaces this).
+    *h.mutable_fences() = ToFenceHandle(*fx);
     if (fx->handle.kind == SharedHandle::Kind::kHostShm) {
       absl::StatusOr<MappedFences> own = MapFences(*fx);
       if (!own.ok()) return own.status();
@@ -175,6 +184,22 @@ absl::Status ServedModel::BuildHandles() {
     handles_.push_back(std::move(h));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<SessionFences>>> ServedModel::CreateSessionFences()
+    const {
+  std::vector<std::unique_ptr<SessionFences>> out;
+  for (const SlotClass& sc : catalog_->slot_classes()) {
+    absl::StatusOr<std::unique_ptr<SessionFences>> f =
+        device_->CreateSessionFences(engine_->fences(sc.id));
+    if (!f.ok()) {
+      return absl::Status(f.status().code(),
+                          absl::StrCat("model ", spec_.name, " slot class ", sc.id,
+                                       ": session done fences: ", f.status().message()));
+    }
+    out.push_back(*std::move(f));
+  }
+  return out;
 }
 
 void ServedModel::ForceDone(uint32_t slot_class, SlotId slot, uint64_t generation) {

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -42,6 +43,9 @@ class ServedModel {
   ~ServedModel();
 
   const std::string& name() const { return spec_.name; }
+  // The device the model's slots live on ("host", "cuda:0") and its kind ("host", "cuda").
+  std::string_view device_name() const { return device_->name(); }
+  const std::string& device_kind() const { return device_kind_; }
   const ModelCatalog& catalog() const { return *catalog_; }
   const PackSet& packs() const { return *packs_; }
   Engine& engine() const { return *engine_; }
@@ -54,6 +58,11 @@ class ServedModel {
   // done[slot] as the client left it (host-visible fences), for the release check.
   uint64_t Done(uint32_t slot_class, SlotId slot) const;
   bool fences_host_visible() const { return fences_host_visible_; }
+  // Devices whose clients signal done through their own objects (CUDA events): each session
+  // gets its own done fences per slot class (Device::CreateSessionFences), and the handles it
+  // is sent name them instead of the class table's.
+  bool session_fences() const { return session_fences_; }
+  absl::StatusOr<std::vector<std::unique_ptr<SessionFences>>> CreateSessionFences() const;
   // Acquire stalls as the daemon saw them (request to grant), over every session, for the
   // metrics histogram.
   void RecordStall(uint64_t nanoseconds);
@@ -69,6 +78,9 @@ class ServedModel {
   absl::Status BuildHandles();
 
   ModelSpec spec_;
+  Device* device_ = nullptr;
+  std::string device_kind_;
+  bool session_fences_ = false;
   std::unique_ptr<GgufModel> gguf_;
   std::unique_ptr<ExpertIndex> index_;
   std::unique_ptr<ModelCatalog> catalog_;
@@ -82,6 +94,9 @@ class ServedModel {
   mutable std::mutex stall_mu_;
   LatencyHistogram stall_;
 };
+
+// A fence export as the protocol carries it.
+v1::FenceTableHandle ToFenceHandle(const FenceExport& e);
 
 // The catalog as the protocol describes it.
 v1::ModelInfo ToModelInfo(const std::string& name, const ModelCatalog& catalog);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "util/status.h"
 
 namespace expertd {
@@ -50,10 +51,25 @@ absl::StatusOr<Peer> ExpertdService::Authenticate(grpc::CallbackServerContext* c
   return *peer;
 }
 
-ServedModel* ExpertdService::FindModel(const std::string& name) {
+ServedModel* ExpertdService::FindModel(const std::string& name, const std::string& device,
+                                       absl::Status* error) {
   std::lock_guard<std::mutex> lock(state_->models_mu);
   auto it = state_->models.find(name);
-  return it == state_->models.end() ? nullptr : it->second;
+  if (it == state_->models.end() || it->second.empty()) {
+    *error = absl::NotFoundError(
+        absl::StrCat("no model named '", name, "' (ListModels shows the served ones)"));
+    return nullptr;
+  }
+  if (device.empty()) return it->second.front();
+  std::vector<std::string> on;
+  for (ServedModel* m : it->second) {
+    if (m->device_name() == device) return m;
+    on.emplace_back(m->device_name());
+  }
+  *error = absl::InvalidArgumentError(absl::StrCat("device '", device, "' does not serve model ",
+                                                   name, " (it is on ", absl::StrJoin(on, ", "),
+                                                   ")"));
+  return nullptr;
 }
 
 grpc::ServerUnaryReactor* ExpertdService::ListModels(grpc::CallbackServerContext* context,
@@ -66,7 +82,7 @@ grpc::ServerUnaryReactor* ExpertdService::ListModels(grpc::CallbackServerContext
     return reactor;
   }
   std::lock_guard<std::mutex> lock(state_->models_mu);
-  for (const auto& [name, model] : state_->models) *response->add_models() = model->info();
+  for (const auto& [name, on] : state_->models) *response->add_models() = on.front()->info();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -90,24 +106,17 @@ grpc::ServerUnaryReactor* ExpertdService::OpenSession(grpc::CallbackServerContex
     return finish(absl::UnavailableError(
         state_->sessions->draining() ? "the daemon is shutting down" : "the daemon is starting"));
   }
-  ServedModel* model = FindModel(request->model());
-  if (model == nullptr) {
-    return finish(absl::NotFoundError(absl::StrCat("no model named '", request->model(),
-                                                   "' (ListModels shows the served ones)")));
-  }
-  if (!request->device().empty() && request->device() != state_->device_name) {
-    return finish(absl::InvalidArgumentError(absl::StrCat(
-        "device '", request->device(), "' does not serve model ", request->model(), " (it is on ",
-        state_->device_name, ")")));
-  }
+  absl::Status missing;
+  ServedModel* model = FindModel(request->model(), request->device(), &missing);
+  if (model == nullptr) return finish(missing);
   absl::StatusOr<std::shared_ptr<expertd::Session>> s =
       state_->sessions->Open(model, *peer, request->client_name());
   if (!s.ok()) return finish(s.status());
   response->set_session_id((*s)->id());
   *response->mutable_model() = model->info();
-  response->set_device(state_->device_name);
-  response->set_device_kind(state_->device_kind);
-  for (const v1::SlotClassHandles& h : model->handles()) *response->add_slot_classes() = h;
+  response->set_device(std::string(model->device_name()));
+  response->set_device_kind(model->device_kind());
+  for (v1::SlotClassHandles& h : (*s)->Handles()) *response->add_slot_classes() = std::move(h);
   const SessionLimits& l = state_->sessions->limits();
   v1::SessionLimits* out = response->mutable_limits();
   out->set_max_leases(l.max_leases_per_session);
@@ -117,6 +126,40 @@ grpc::ServerUnaryReactor* ExpertdService::OpenSession(grpc::CallbackServerContex
   out->set_max_message_bytes(l.max_message_bytes);
   return finish(absl::OkStatus());
 }
+
+namespace {
+
+void AddModelStats(const std::string& name, const ServedModel& model,
+                   const std::vector<std::shared_ptr<expertd::Session>>& sessions,
+                   v1::ModelStats* m) {
+  const EngineStats e = model.engine().Stats();
+  m->set_model(name);
+  m->set_device(std::string(model.device_name()));
+  m->set_accesses(e.pool.accesses);
+  m->set_hits(e.pool.hits);
+  m->set_joins(e.pool.joins);
+  m->set_misses(e.pool.misses);
+  m->set_evictions(e.pool.evictions);
+  m->set_prefetch_issued(e.pool.prefetch_issued);
+  m->set_prefetch_used(e.pool.prefetch_used);
+  m->set_prefetch_wasted(e.pool.prefetch_wasted);
+  m->set_prefetch_dropped(e.pool.prefetch_dropped);
+  m->set_bytes_read(e.bytes_read);
+  m->set_bytes_copied(e.bytes_copied);
+  m->set_fills_failed(e.fills_failed);
+  m->set_stall_p50_us(e.stall_p50_us);
+  m->set_stall_p99_us(e.stall_p99_us);
+  for (const auto& [label, bytes] : model.PackBytesRead()) {
+    v1::ByteCount* b = m->add_pack_bytes_read();
+    b->set_name(label);
+    b->set_bytes(bytes);
+  }
+  for (const std::shared_ptr<expertd::Session>& s : sessions) {
+    if (&s->model() == &model) *m->add_sessions() = s->Stats();
+  }
+}
+
+}  // namespace
 
 grpc::ServerUnaryReactor* ExpertdService::GetStats(grpc::CallbackServerContext* context,
                                                    const v1::GetStatsRequest* request,
@@ -134,38 +177,15 @@ grpc::ServerUnaryReactor* ExpertdService::GetStats(grpc::CallbackServerContext* 
                                                             "'"))));
     return reactor;
   }
-  for (const auto& [name, model] : state_->models) {
+  for (const auto& [name, on] : state_->models) {
     if (!request->model().empty() && request->model() != name) continue;
-    const EngineStats e = model->engine().Stats();
-    v1::ModelStats* m = response->add_models();
-    m->set_model(name);
-    m->set_accesses(e.pool.accesses);
-    m->set_hits(e.pool.hits);
-    m->set_joins(e.pool.joins);
-    m->set_misses(e.pool.misses);
-    m->set_evictions(e.pool.evictions);
-    m->set_prefetch_issued(e.pool.prefetch_issued);
-    m->set_prefetch_used(e.pool.prefetch_used);
-    m->set_prefetch_wasted(e.pool.prefetch_wasted);
-    m->set_prefetch_dropped(e.pool.prefetch_dropped);
-    m->set_bytes_read(e.bytes_read);
-    m->set_bytes_copied(e.bytes_copied);
-    m->set_fills_failed(e.fills_failed);
-    m->set_stall_p50_us(e.stall_p50_us);
-    m->set_stall_p99_us(e.stall_p99_us);
-    for (const auto& [label, bytes] : model->PackBytesRead()) {
-      v1::ByteCount* b = m->add_pack_bytes_read();
-      b->set_name(label);
-      b->set_bytes(bytes);
-    }
-    for (const std::shared_ptr<expertd::Session>& s : sessions) {
-      if (&s->model() == model) *m->add_sessions() = s->Stats();
-    }
+    for (ServedModel* model : on) AddModelStats(name, *model, sessions, response->add_models());
   }
   response->set_sessions(static_cast<uint32_t>(sessions.size()));
   response->set_uptime_ms(
       static_cast<uint64_t>(absl::ToInt64Milliseconds(absl::Now() - state_->started_at)));
-  response->set_device(state_->device_name);
+  if (!state_->device_names.empty()) response->set_device(state_->device_names.front());
+  for (const std::string& d : state_->device_names) response->add_devices(d);
   response->set_draining(state_->sessions->draining());
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -35,12 +36,13 @@ class PeerTable {
 
 // What the service reads; owned by the daemon, which outlives the service.
 struct ServiceState {
-  std::map<std::string, ServedModel*> models;  // filled once before serving starts
+  // Filled once before serving starts: per model name, one ServedModel per device (its own
+  // slot pools), the default device's first.
+  std::map<std::string, std::vector<ServedModel*>> models;
   std::atomic<bool> serving{false};            // models loaded; false again while draining
   SessionRegistry* sessions = nullptr;
   const PeerTable* peers = nullptr;
-  std::string device_name;
-  std::string device_kind;
+  std::vector<std::string> device_names;  // every device served, the default first
   std::string tcp_token;  // "" = TCP needs no token (allowed only on loopback by the config)
   absl::Time started_at = absl::Now();
   std::mutex models_mu;  // guards `models` while it is filled
@@ -66,7 +68,8 @@ class ExpertdService final : public v1::Expertd::CallbackService {
   // The caller's identity, or the status refusing the call (unknown transport; TCP without the
   // bearer token).
   absl::StatusOr<Peer> Authenticate(grpc::CallbackServerContext* context) const;
-  ServedModel* FindModel(const std::string& name);
+  // The model on `device` ("" = its default device); nullptr with `error` set when absent.
+  ServedModel* FindModel(const std::string& name, const std::string& device, absl::Status* error);
 
   ServiceState* const state_;
 };

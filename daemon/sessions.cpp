@@ -204,6 +204,7 @@ void Session::Prefetch(const v1::Prefetch& request) {
 }
 
 bool Session::DonePassed(const Grant& grant) const {
+  if (!fences_.empty()) return false;
   for (const GrantedSlot& s : grant.slots) {
     if (model_->Done(s.slot_class, s.slot) < s.generation) return false;
   }
@@ -222,6 +223,21 @@ void Session::Release(const v1::Release& request) {
       refused = absl::NotFoundError(absl::StrCat(
           "release ", request.seq(), ": lease ", lease,
           " is not held by this session (never granted, released already, or expired)"));
+    } else if (!fences_.empty()) {
+      // Session fences: the client recorded done on its stream before releasing; copies that
+      // overwrite these slots wait for that record on the GPU.
+      for (const GrantedSlot& s : it->second.grant.slots) {
+        absl::Status st = fences_[s.slot_class]->DeclareDone(s.slot, s.generation);
+        if (!st.ok()) {
+          refused = absl::Status(st.code(), absl::StrCat("release ", request.seq(), ": lease ",
+                                                         lease, ": ", st.message()));
+          break;
+        }
+      }
+      if (refused.ok()) {
+        grant = std::move(it->second.grant);
+        leases_.erase(it);
+      }
     } else {
       for (const GrantedSlot& s : it->second.grant.slots) {
         const uint64_t done = model_->Done(s.slot_class, s.slot);
@@ -244,8 +260,28 @@ void Session::Release(const v1::Release& request) {
 }
 
 void Session::Reclaim(const Grant& grant) {
-  for (const GrantedSlot& s : grant.slots) model_->ForceDone(s.slot_class, s.slot, s.generation);
+  for (const GrantedSlot& s : grant.slots) {
+    if (fences_.empty()) {
+      model_->ForceDone(s.slot_class, s.slot, s.generation);
+    } else {
+      // Cannot fail for a slot this session was granted; a failure would only mean the copy
+      // holds on the CPU until the slot's next declaration.
+      (void)fences_[s.slot_class]->ForceDone(s.slot, s.generation);
+    }
+  }
   model_->engine().Release(grant);
+}
+
+void Session::ClientGone() {
+  for (const std::unique_ptr<SessionFences>& f : fences_) f->ClientGone();
+}
+
+std::vector<v1::SlotClassHandles> Session::Handles() const {
+  std::vector<v1::SlotClassHandles> out = model_->handles();
+  for (size_t i = 0; i < fence_handles_.size() && i < out.size(); ++i) {
+    *out[i].mutable_fences() = fence_handles_[i];
+  }
+  return out;
 }
 
 SessionCounters Session::counters() const {
@@ -292,6 +328,7 @@ SessionRegistry::~SessionRegistry() {
     for (Draining& d : ended_) all.push_back(d.session);
     sessions_.clear();
     ended_.clear();
+    watched_.clear();
   }
   for (const std::shared_ptr<Session>& s : all) {
     std::map<uint64_t, Session::Lease> leases;
@@ -309,6 +346,19 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(ServedModel* mode
                                                                const Peer& peer,
                                                                std::string client_name) {
   if (client_name.size() > 64) client_name.resize(64);
+  // Session fences are made before the lock (one IPC event per slot: not instant).
+  std::vector<std::unique_ptr<SessionFences>> fences;
+  std::vector<v1::FenceTableHandle> fence_handles;
+  if (model->session_fences()) {
+    absl::StatusOr<std::vector<std::unique_ptr<SessionFences>>> f = model->CreateSessionFences();
+    if (!f.ok()) return f.status();
+    fences = *std::move(f);
+    for (const std::unique_ptr<SessionFences>& table : fences) {
+      absl::StatusOr<FenceExport> e = table->Export();
+      if (!e.ok()) return e.status();
+      fence_handles.push_back(ToFenceHandle(*e));
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (draining_) {
     return absl::UnavailableError("the daemon is shutting down: no new sessions");
@@ -319,6 +369,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(ServedModel* mode
   }
   std::shared_ptr<Session> s(
       new Session(this, NewSessionId(), model, peer, std::move(client_name)));
+  s->fences_ = std::move(fences);
+  s->fence_handles_ = std::move(fence_handles);
   sessions_.emplace(s->id(), s);
   return s;
 }
@@ -368,6 +420,8 @@ void SessionRegistry::End(const std::shared_ptr<Session>& session) {
     }
     if (!session->leases_.empty()) {
       ended_.push_back({session, absl::Now() + limits_.lease_ttl});
+    } else if (!session->fences_.empty()) {
+      watched_.push_back({session, absl::Now() + limits_.lease_ttl});
     }
   }
   for (const Grant& g : now) session->model().engine().Release(g);
@@ -430,6 +484,7 @@ void SessionRegistry::ReapOnce(absl::Time now) {
   };
   std::vector<Expired> expired;  // reclaimed from live sessions: the client is told
   std::vector<std::pair<std::shared_ptr<Session>, Grant>> released;
+  std::vector<std::shared_ptr<Session>> gone;  // ended, and their process exited
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = sessions_.begin(); it != sessions_.end();) {
@@ -462,7 +517,27 @@ void SessionRegistry::ReapOnce(absl::Time now) {
           ++lit;
         }
       }
-      it = s.leases_.empty() ? ended_.erase(it) : it + 1;
+      if (!s.leases_.empty()) {
+        ++it;
+        continue;
+      }
+      if (!s.fences_.empty()) {
+        if (ProcessExited(s.pidfd_)) {
+          gone.push_back(it->session);
+        } else {
+          watched_.push_back(*it);
+        }
+      }
+      it = ended_.erase(it);
+    }
+    for (auto it = watched_.begin(); it != watched_.end();) {
+      if (ProcessExited(it->session->pidfd_)) {
+        gone.push_back(it->session);
+      } else if (now < it->deadline) {
+        ++it;
+        continue;
+      }
+      it = watched_.erase(it);
     }
   }
   for (Expired& e : expired) {
@@ -473,6 +548,7 @@ void SessionRegistry::ReapOnce(absl::Time now) {
   }
   // Draining leases: ForceDone is a no-op where the client did signal done.
   for (auto& [session, grant] : released) session->Reclaim(grant);
+  for (const std::shared_ptr<Session>& session : gone) session->ClientGone();
   if (!expired.empty() || !released.empty()) Notify();
 }
 

@@ -85,6 +85,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   SessionCounters counters() const;
   v1::SessionStats Stats() const;
+  // The slot-class handles this session's client maps: the model's, with the session's own
+  // done fences where the device has them (ServedModel::session_fences()).
+  std::vector<v1::SlotClassHandles> Handles() const;
 
   ~Session();
 
@@ -101,7 +104,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void Touch();
   // Signals done for every slot of `grant` on the client's behalf and releases it.
   void Reclaim(const Grant& grant);
+  // True when the client's done fences passed every slot of `grant` (host counters). With
+  // session fences the daemon cannot see that on the CPU: false until the client releases.
   bool DonePassed(const Grant& grant) const;
+  // With session fences: the client process exited, none of its done records is waited for.
+  void ClientGone();
 
   SessionRegistry* const registry_;
   const std::string id_;
@@ -110,6 +117,9 @@ class Session : public std::enable_shared_from_this<Session> {
   const std::string client_name_;
   const absl::Time opened_at_;
   int pidfd_ = -1;  // the client process, to see it exit (Linux pidfd); -1 when unknown
+  // One per slot class with session fences (CUDA), else empty; fixed after Open.
+  std::vector<std::unique_ptr<SessionFences>> fences_;
+  std::vector<v1::FenceTableHandle> fence_handles_;
 
   mutable std::mutex mu_;
   std::shared_ptr<Outbox> outbox_;  // set by Attach, cleared by End
@@ -160,6 +170,10 @@ class SessionRegistry {
     std::shared_ptr<Session> session;
     absl::Time deadline;
   };
+  // Ended sessions with session fences whose leases are all back: kept until their process
+  // exits (then ClientGone) or lease_ttl passed, so a dead client's last records are never
+  // waited for.
+  std::vector<Draining> watched_;
   void ReaperLoop();
   void Notify();
 

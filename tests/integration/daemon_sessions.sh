@@ -66,11 +66,11 @@ def value(name):
     m = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
     assert m, f"missing {name}"
     return float(m.group(1))
-hits = value('expertd_slot_hits_total{model="demo"}')
-misses = value('expertd_slot_misses_total{model="demo"}')
-count = value('expertd_acquire_stall_seconds_count{model="demo"}')
-inf = value('expertd_acquire_stall_seconds_bucket{model="demo",le="+Inf"}')
-read = value('expertd_pack_read_bytes_total{model="demo",pack="P"}')
+hits = value('expertd_slot_hits_total{model="demo",device="host"}')
+misses = value('expertd_slot_misses_total{model="demo",device="host"}')
+count = value('expertd_acquire_stall_seconds_count{model="demo",device="host"}')
+inf = value('expertd_acquire_stall_seconds_bucket{model="demo",device="host",le="+Inf"}')
+read = value('expertd_pack_read_bytes_total{model="demo",device="host",pack="P"}')
 assert value("expertd_up") == 1
 assert hits + misses > 0 and count > 0 and inf == count and read > 0, (hits, misses, count, inf, read)
 print(f"metrics: hits {hits:.0f} misses {misses:.0f} acquires {count:.0f} pack bytes {read:.0f}")
