@@ -373,13 +373,16 @@ EXPERTD_Error* EXPERTD_SessionNew(EXPERTD_Session** session, EXPERTD_Client* cli
         ArenaView v;
         v.stride = m->stride;
         v.slots = m->slots;
-        if (v.stride == 0 || m->bytes.size() / v.stride < v.slots) {
+        // Host: an address in this process; CUDA: a device pointer in this process.
+        const uint64_t size = m->device_ptr != nullptr ? m->device_bytes : m->bytes.size();
+        if (v.stride == 0 || size / v.stride < v.slots) {
           return MakeError(EXPERTD_ERROR_INTERNAL,
-                           absl::StrCat(fn, ": arena '", h.arenas(p).label(), "' of ",
-                                        m->bytes.size(), " bytes cannot hold ", v.slots,
-                                        " slots of ", v.stride, " bytes"));
+                           absl::StrCat(fn, ": arena '", h.arenas(p).label(), "' of ", size,
+                                        " bytes cannot hold ", v.slots, " slots of ", v.stride,
+                                        " bytes"));
         }
-        v.base = m->bytes.data();
+        v.base = m->device_ptr != nullptr ? static_cast<const uint8_t*>(m->device_ptr)
+                                          : m->bytes.data();
         v.map = std::move(m->keep_alive);
         views.push_back(std::move(v));
       }
@@ -555,6 +558,28 @@ EXPERTD_Error* EXPERTD_SessionRelease(EXPERTD_Session* session, EXPERTD_Lease* l
     return Invalid(__func__, "the lease belongs to another session");
   }
   return Guard(__func__, [&](const char*) -> EXPERTD_Error* { return ReleaseAndFree(lease); });
+}
+
+EXPERTD_Error* EXPERTD_SessionWaitReady(EXPERTD_Session* session, EXPERTD_Lease* lease,
+                                        void* cuda_stream) {
+  if (auto* e = NotNull(__func__, {ARG(session), ARG(lease)})) return e;
+  if (lease->state != session->state) {
+    return Invalid(__func__, "the lease belongs to another session");
+  }
+  return Guard(__func__, [&](const char*) -> EXPERTD_Error* {
+    return FromStatus(session->state->session->WaitReady(lease->lease, cuda_stream));
+  });
+}
+
+EXPERTD_Error* EXPERTD_SessionRecordDone(EXPERTD_Session* session, EXPERTD_Lease* lease,
+                                         void* cuda_stream) {
+  if (auto* e = NotNull(__func__, {ARG(session), ARG(lease)})) return e;
+  if (lease->state != session->state) {
+    return Invalid(__func__, "the lease belongs to another session");
+  }
+  return Guard(__func__, [&](const char*) -> EXPERTD_Error* {
+    return FromStatus(session->state->session->RecordDone(lease->lease, cuda_stream));
+  });
 }
 
 EXPERTD_Error* EXPERTD_SessionPollErrors(EXPERTD_Session* session) {

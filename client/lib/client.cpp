@@ -4,12 +4,15 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <tuple>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "device/cuda_factory.h"
 #include "device/host/host_device.h"
 #include "expertd/v1/service.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -36,6 +39,24 @@ SharedHandle ToHandle(const v1::SharedMemory& m) {
   return h;
 }
 
+ArenaExport ToArenaExport(const v1::ArenaHandle& a) {
+  ArenaExport ex;
+  ex.handle = ToHandle(a.memory());
+  ex.bytes = a.bytes();
+  ex.reserved_bytes = a.reserved_bytes();
+  ex.label = a.label();
+  return ex;
+}
+
+FenceExport ToFenceExport(const v1::FenceTableHandle& f) {
+  FenceExport fx;
+  fx.handle = ToHandle(f.memory());
+  fx.n_slots = f.n_slots();
+  fx.segment_bytes = f.segment_bytes();
+  fx.done_offset = f.done_offset();
+  return fx;
+}
+
 // Arenas mapped by this process, shared by all its sessions: an engine with several sessions on
 // one model maps each arena once. Keyed by the object's identity; entries die with their last
 // session.
@@ -51,12 +72,7 @@ class ArenaCache {
     if (auto it = arenas_.find(key); it != arenas_.end()) {
       if (std::shared_ptr<MappedArena> live = it->second.lock()) return live;
     }
-    ArenaExport ex;
-    ex.handle = ToHandle(h.memory());
-    ex.bytes = h.bytes();
-    ex.reserved_bytes = h.reserved_bytes();
-    ex.label = h.label();
-    absl::StatusOr<MappedArena> mapped = MapArena(ex);
+    absl::StatusOr<MappedArena> mapped = MapArena(ToArenaExport(h));
     if (!mapped.ok()) return mapped.status();
     auto shared = std::make_shared<MappedArena>(*std::move(mapped));
     arenas_[key] = shared;
@@ -68,18 +84,22 @@ class ArenaCache {
   std::map<std::tuple<uint64_t, uint64_t, int64_t>, std::weak_ptr<MappedArena>> arenas_;
 };
 
+// One slot class as this process reaches it: host mappings, or CUDA IPC views and events.
 struct SlotClassView {
-  std::vector<std::shared_ptr<MappedArena>> arenas;
+  std::vector<std::shared_ptr<MappedArena>> arenas;                // host
+  std::vector<std::shared_ptr<const CudaArenaView>> cuda_arenas;   // CUDA
   std::vector<uint64_t> strides;
-  std::unique_ptr<MappedFences> fences;
+  std::unique_ptr<MappedFences> fences;        // host
+  std::shared_ptr<CudaSessionEvents> events;   // CUDA: this session's ready/done events
 };
+
 
 class SessionImpl final : public Session {
  public:
   SessionImpl(std::shared_ptr<grpc::Channel> channel, v1::OpenSessionResponse info,
               std::vector<SlotClassView> classes)
       : stub_(v1::Expertd::NewStub(channel)), info_(std::move(info)),
-        classes_(std::move(classes)) {}
+        classes_(std::move(classes)), cuda_(info_.device_kind() == "cuda") {}
 
   ~SessionImpl() override { Close(); }
 
@@ -102,14 +122,20 @@ class SessionImpl final : public Session {
   const v1::OpenSessionResponse& info() const override { return info_; }
 
   absl::StatusOr<ArenaRef> arena(uint32_t slot_class, uint32_t projection) const override {
-    if (slot_class >= classes_.size() || projection >= classes_[slot_class].arenas.size()) {
+    if (slot_class >= classes_.size() || projection >= classes_[slot_class].strides.size()) {
       return absl::InvalidArgumentError(absl::StrCat("no arena for slot class ", slot_class,
                                                      " projection ", projection));
     }
     const SlotClassView& c = classes_[slot_class];
     ArenaRef ref;
-    ref.keep_alive = c.arenas[projection];
-    ref.bytes = c.arenas[projection]->data();
+    if (cuda_) {
+      ref.keep_alive = c.cuda_arenas[projection];
+      ref.device_ptr = c.cuda_arenas[projection]->device_ptr();
+      ref.device_bytes = c.cuda_arenas[projection]->bytes();
+    } else {
+      ref.keep_alive = c.arenas[projection];
+      ref.bytes = c.arenas[projection]->data();
+    }
     ref.stride = c.strides[projection];
     ref.slots = info_.slot_classes(static_cast<int>(slot_class)).slots();
     return ref;
@@ -139,7 +165,57 @@ class SessionImpl final : public Session {
     return SendRaw(r);
   }
 
+  absl::Status WaitReady(const Lease& lease, void* cuda_stream) override {
+    if (!cuda_) return absl::OkStatus();
+    for (const SlotView& s : lease.slots) {
+      absl::Status st =
+          classes_.at(s.slot_class).events->WaitReady(s.slot, s.generation, cuda_stream);
+      if (!st.ok()) return st;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    waited_.insert(lease.id);
+    return absl::OkStatus();
+  }
+
+  absl::Status RecordDone(const Lease& lease, void* cuda_stream) override {
+    if (!cuda_) return SignalHostDone(lease);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!waited_.contains(lease.id)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "lease ", lease.id, ": RecordDone before WaitReady (the kernels cannot have read it)"));
+      }
+    }
+    for (const SlotView& s : lease.slots) {
+      absl::Status st =
+          classes_.at(s.slot_class).events->RecordDone(s.slot, s.generation, cuda_stream);
+      if (!st.ok()) return st;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    recorded_.insert(lease.id);
+    return absl::OkStatus();
+  }
+
   absl::Status Release(const Lease& lease) override {
+    if (cuda_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!recorded_.contains(lease.id)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("lease ", lease.id, ": call RecordDone on the stream that read it before "
+                         "Release (the daemon's next copy into its slots waits on that record)"));
+      }
+      recorded_.erase(lease.id);
+      waited_.erase(lease.id);
+    } else if (absl::Status st = SignalHostDone(lease); !st.ok()) {
+      return st;
+    }
+    v1::SessionRequest r;
+    r.mutable_release()->set_seq(NextSeq());
+    r.mutable_release()->set_lease(lease.id);
+    return SendRaw(r);
+  }
+
+  absl::Status SignalHostDone(const Lease& lease) {
     for (const SlotView& s : lease.slots) {
       MappedFences* f = classes_.at(s.slot_class).fences.get();
       if (f->done(s.slot) < s.generation) {
@@ -147,10 +223,7 @@ class SessionImpl final : public Session {
         if (!st.ok() && f->done(s.slot) < s.generation) return st;
       }
     }
-    v1::SessionRequest r;
-    r.mutable_release()->set_seq(NextSeq());
-    r.mutable_release()->set_lease(lease.id);
-    return SendRaw(r);
+    return absl::OkStatus();
   }
 
   absl::Status SendRaw(const v1::SessionRequest& request) override {
@@ -238,15 +311,25 @@ class SessionImpl final : public Session {
         return absl::InternalError(absl::StrCat("grant names slot class ", s.slot_class()));
       }
       const SlotClassView& c = classes_[s.slot_class()];
-      absl::Status ready = c.fences->WaitReady(s.slot(), s.generation(), deadline - absl::Now());
-      if (!ready.ok()) return ready;
+      if (!cuda_) {
+        absl::Status ready = c.fences->WaitReady(s.slot(), s.generation(), deadline - absl::Now());
+        if (!ready.ok()) return ready;
+      }
       SlotView v;
       v.expert = s.expert();
       v.slot_class = s.slot_class();
       v.slot = s.slot();
       v.generation = s.generation();
       v.hit = s.hit();
-      for (size_t p = 0; p < c.arenas.size(); ++p) {
+      for (size_t p = 0; cuda_ && p < c.cuda_arenas.size(); ++p) {
+        const uint64_t off = uint64_t{s.slot()} * c.strides[p];
+        if (off + c.strides[p] > c.cuda_arenas[p]->bytes()) {
+          return absl::InternalError(absl::StrCat("slot ", s.slot(), " lies outside its arena"));
+        }
+        v.device_projections.push_back(
+            static_cast<const uint8_t*>(c.cuda_arenas[p]->device_ptr()) + off);
+      }
+      for (size_t p = 0; !cuda_ && p < c.arenas.size(); ++p) {
         const uint64_t off = uint64_t{s.slot()} * c.strides[p];
         std::span<const uint8_t> all = c.arenas[p]->data();
         if (off + c.strides[p] > all.size()) {
@@ -259,10 +342,11 @@ class SessionImpl final : public Session {
     return lease;
   }
 
-  // Gives back a grant nobody will read (its acquire timed out).
+  // Gives back a grant nobody will read (its acquire timed out). CUDA: no record is needed,
+  // nothing of this session read the slots under this grant.
   void GiveBack(const v1::Grant& g) {
     for (const v1::GrantedSlot& s : g.slots()) {
-      if (s.slot_class() >= classes_.size()) continue;
+      if (cuda_ || s.slot_class() >= classes_.size()) continue;
       MappedFences* f = classes_[s.slot_class()].fences.get();
       if (f->done(s.slot()) < s.generation()) (void)f->SignalDone(s.slot(), s.generation());
     }
@@ -317,6 +401,7 @@ class SessionImpl final : public Session {
   std::unique_ptr<v1::Expertd::Stub> stub_;
   const v1::OpenSessionResponse info_;
   std::vector<SlotClassView> classes_;
+  const bool cuda_;
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
   std::thread reader_;
@@ -328,6 +413,8 @@ class SessionImpl final : public Session {
   std::map<uint64_t, std::shared_ptr<Waiter>> waiters_;
   std::vector<v1::RequestError> async_errors_;
   std::vector<uint64_t> expired_;
+  std::set<uint64_t> waited_;    // CUDA: leases whose ready events a stream waits on
+  std::set<uint64_t> recorded_;  // CUDA: leases whose done events were recorded
   bool stream_ended_ = false;
   std::string end_reason_;
 };
@@ -386,27 +473,47 @@ class ClientImpl final : public Client {
     v1::OpenSessionResponse resp;
     absl::Status st = FromGrpc(stub_->OpenSession(&ctx, req, &resp), "OpenSession");
     if (!st.ok()) return st;
-    if (resp.device_kind() != "host") {
-      return absl::UnimplementedError(absl::StrCat(
-          "the daemon serves ", resp.device(), "; this client maps host-device sessions only"));
+    const bool cuda = resp.device_kind() == "cuda";
+    if (!cuda && resp.device_kind() != "host") {
+      return absl::UnimplementedError(absl::StrCat("the daemon serves ", resp.device(), " ('",
+                                                   resp.device_kind(),
+                                                   "'); this client knows host and cuda"));
+    }
+    int ordinal = options.cuda_device;
+    if (cuda && ordinal < 0) {
+      const std::string& name = resp.device();
+      if (name.rfind("cuda:", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &ordinal)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cannot tell this process's ordinal of the daemon's device '", name,
+            "'; set SessionOptions::cuda_device"));
+      }
     }
     std::vector<SlotClassView> classes;
     for (const v1::SlotClassHandles& h : resp.slot_classes()) {
       SlotClassView c;
       for (const v1::ArenaHandle& a : h.arenas()) {
-        absl::StatusOr<std::shared_ptr<MappedArena>> m = ArenaCache::Get().Map(a);
-        if (!m.ok()) return m.status();
-        c.arenas.push_back(*std::move(m));
+        if (cuda) {
+          absl::StatusOr<std::shared_ptr<const CudaArenaView>> v =
+              OpenCudaArenaIfBuilt(ToArenaExport(a), ordinal);
+          if (!v.ok()) return v.status();
+          c.cuda_arenas.push_back(*std::move(v));
+        } else {
+          absl::StatusOr<std::shared_ptr<MappedArena>> m = ArenaCache::Get().Map(a);
+          if (!m.ok()) return m.status();
+          c.arenas.push_back(*std::move(m));
+        }
         c.strides.push_back(a.slot_stride());
       }
-      FenceExport fx;
-      fx.handle = ToHandle(h.fences().memory());
-      fx.n_slots = h.fences().n_slots();
-      fx.segment_bytes = h.fences().segment_bytes();
-      fx.done_offset = h.fences().done_offset();
-      absl::StatusOr<MappedFences> f = MapFences(fx);
-      if (!f.ok()) return f.status();
-      c.fences = std::make_unique<MappedFences>(*std::move(f));
+      if (cuda) {
+        absl::StatusOr<std::shared_ptr<CudaSessionEvents>> e =
+            OpenCudaEventsIfBuilt(ToFenceExport(h.fences()), ordinal);
+        if (!e.ok()) return e.status();
+        c.events = *std::move(e);
+      } else {
+        absl::StatusOr<MappedFences> f = MapFences(ToFenceExport(h.fences()));
+        if (!f.ok()) return f.status();
+        c.fences = std::make_unique<MappedFences>(*std::move(f));
+      }
       classes.push_back(std::move(c));
     }
     auto session = std::make_unique<SessionImpl>(channel_, std::move(resp), std::move(classes));

@@ -9,6 +9,15 @@
 //   ... run kernels on lease->slots[i].projections[p] ...
 //   (*session)->Release(*lease);                           // signals done, gives slots back
 //
+// CUDA sessions (info().device_kind() == "cuda"): the arenas are opened with CUDA IPC in this
+// process and slots are device pointers (SlotView::device_projections). Acquire returns when
+// the grant arrived; the copy may still be running on the daemon's stream, so:
+//   (*session)->WaitReady(*lease, stream);   // the stream waits for the copies, on the GPU
+//   ... launch kernels on `stream` reading the slots ...
+//   (*session)->RecordDone(*lease, stream);  // records this session's done events after them
+//   (*session)->Release(*lease);             // the daemon's next copy into a slot waits on them
+// Nothing blocks the CPU; the same calls on a host session are a no-op and a done signal.
+//
 // Threading: Client and Session are thread-safe; several threads may acquire on one session.
 // Errors are absl::Status with the daemon's gRPC code (docs/protocol.md lists them).
 #pragma once
@@ -34,8 +43,11 @@ struct ConnectOptions {
 
 struct SessionOptions {
   std::string model;
-  std::string device;       // "" = the model's device
+  std::string device;       // "" = the model's default device; else "host", "cuda:0", ...
   std::string client_name;  // shown in stats
+  // CUDA sessions: this process's ordinal of the daemon's GPU (they differ when the processes
+  // see different CUDA_VISIBLE_DEVICES); -1 = the N of the daemon's "cuda:N".
+  int cuda_device = -1;
   // Acquire retries while the daemon answers UNAVAILABLE (every slot leased right now), with
   // backoff, up to the acquire's timeout.
 };
@@ -47,7 +59,8 @@ struct SlotView {
   uint32_t slot = 0;
   uint64_t generation = 0;
   bool hit = false;
-  std::vector<std::span<const uint8_t>> projections;  // in SlotClass.projections order
+  std::vector<std::span<const uint8_t>> projections;  // host sessions: in projection order
+  std::vector<const void*> device_projections;        // CUDA sessions: device pointers
 };
 
 struct Lease {
@@ -61,7 +74,9 @@ struct Lease {
 // alive (for leases or tensors that outlive the Session object).
 struct ArenaRef {
   std::shared_ptr<const void> keep_alive;
-  std::span<const uint8_t> bytes;  // slot s of the projection at bytes[s * stride, +stride)
+  std::span<const uint8_t> bytes;  // host: slot s of the projection at bytes[s * stride, +stride)
+  const void* device_ptr = nullptr;  // CUDA: the arena in this process (bytes is empty)
+  uint64_t device_bytes = 0;         // CUDA: the arena's usable bytes
   uint64_t stride = 0;
   uint32_t slots = 0;
 };
@@ -82,8 +97,17 @@ class Session {
                                         absl::Duration timeout = absl::Seconds(30)) = 0;
   // A prediction: stage these experts of `layer` (most likely first). No answer.
   virtual absl::Status Prefetch(uint32_t layer, std::span<const uint32_t> experts) = 0;
-  // Signals done for every slot of the lease (this process finished reading), then gives the
-  // lease back. Errors the daemon reports later are collected (TakeAsyncErrors).
+  // CUDA: makes `cuda_stream` (a cudaStream_t; nullptr = the legacy default stream) wait on
+  // the GPU until the copies behind every slot of the lease landed. Host: nothing to do (Acquire
+  // returned with the slots ready). Call it before the kernels that read the slots.
+  virtual absl::Status WaitReady(const Lease& lease, void* cuda_stream) = 0;
+  // CUDA: after the kernels that read the lease's slots were queued on `cuda_stream`, records
+  // this session's done event of each slot there. FailedPrecondition when WaitReady was not
+  // called for the lease. Host: signals done now (the reads must have returned).
+  virtual absl::Status RecordDone(const Lease& lease, void* cuda_stream) = 0;
+  // Signals done for every slot of the lease (host: this process finished reading; CUDA:
+  // RecordDone must have been called, else FailedPrecondition and the lease is kept), then
+  // gives the lease back. Errors the daemon reports later are collected (TakeAsyncErrors).
   virtual absl::Status Release(const Lease& lease) = 0;
   // Sends a raw request on the stream (protocol tests): Release with any lease id, etc.
   virtual absl::Status SendRaw(const v1::SessionRequest& request) = 0;

@@ -57,7 +57,7 @@ extern "C" {
  * or disappears. A caller built against MAJOR.MINOR works with a library of the same MAJOR and a
  * MINOR at least as large (check with EXPERTD_ApiVersion at run time). */
 #define EXPERTD_CLIENT_API_VERSION_MAJOR 1
-#define EXPERTD_CLIENT_API_VERSION_MINOR 0
+#define EXPERTD_CLIENT_API_VERSION_MINOR 1
 
 typedef struct EXPERTD_Error EXPERTD_Error;
 typedef struct EXPERTD_Client EXPERTD_Client;
@@ -265,13 +265,33 @@ EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionAcquire(EXPERTD_Session* session, u
 EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionPrefetch(EXPERTD_Session* session, uint32_t layer,
                                                       const uint32_t* experts, size_t n);
 
+/* CUDA sessions (kind "cuda" in EXPERTD_SessionDevice): EXPERTD_SessionAcquire returns when the
+ * grant arrived, while the copies into the slots may still run on the daemon's stream. Before
+ * the kernels that read the lease's slots, make their stream wait for those copies on the GPU
+ * (cudaStreamWaitEvent on the slots' IPC ready events; the CPU does not wait). `cuda_stream` is
+ * a cudaStream_t; NULL is the legacy default stream. Host sessions: nothing to do (the slots
+ * were ready when the acquire returned); returns NULL. Since API 1.1. */
+EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionWaitReady(EXPERTD_Session* session,
+                                                       EXPERTD_Lease* lease, void* cuda_stream);
+
+/* CUDA sessions: after the kernels that read the lease's slots were queued on `cuda_stream`,
+ * records this session's done event of each slot on it; then release the lease. The daemon's
+ * next copy into those slots waits on these records on the GPU. FAILED_PRECONDITION when
+ * EXPERTD_SessionWaitReady was not called for the lease. Host sessions: signals done now (the
+ * reads must have returned). Since API 1.1. */
+EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionRecordDone(EXPERTD_Session* session,
+                                                        EXPERTD_Lease* lease, void* cuda_stream);
+
 /* Gives a lease back after this process finished reading its slots: signals done for every slot,
  * sends the release, and frees the lease object. The lease object is freed whether the call
  * succeeds or not (on an error the daemon still reclaims the slots when the session ends or the
  * lease expires); the one exception is an INVALID_ARGUMENT error for a NULL argument or a lease
  * of another session, which changes nothing. After the call the lease's pointers must not be
- * read. Kernels still running on the slots must have finished before (host device: the reads
- * have returned; CUDA: synchronize the stream that reads them). */
+ * read. Host device: the reads must have returned. CUDA: EXPERTD_SessionRecordDone must have
+ * been called for the lease (kernels may still be running; the records order the daemon's
+ * overwrites after them); without it the release fails with FAILED_PRECONDITION, the lease is
+ * freed here and the daemon reclaims its slots only when the session ends or the lease TTL
+ * passes. */
 EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionRelease(EXPERTD_Session* session,
                                                      EXPERTD_Lease* lease);
 

@@ -202,6 +202,8 @@ static void test_null_arguments(void) {
   EXPECT(lease == NULL, "the output was written on an error");
   EXPECT_CODE(EXPERTD_SessionPrefetch(NULL, 0, experts, 2), EXPERTD_ERROR_INVALID_ARGUMENT);
   EXPECT_CODE(EXPERTD_SessionRelease(NULL, NULL), EXPERTD_ERROR_INVALID_ARGUMENT);
+  EXPECT_CODE(EXPERTD_SessionWaitReady(NULL, NULL, NULL), EXPERTD_ERROR_INVALID_ARGUMENT);
+  EXPECT_CODE(EXPERTD_SessionRecordDone(NULL, NULL, NULL), EXPERTD_ERROR_INVALID_ARGUMENT);
   EXPECT_CODE(EXPERTD_SessionPollErrors(NULL), EXPERTD_ERROR_INVALID_ARGUMENT);
   EXPECT_CODE(EXPERTD_LeaseInfo(NULL, &u64, &u32, &u64), EXPERTD_ERROR_INVALID_ARGUMENT);
   EXPECT_CODE(EXPERTD_LeaseSlotCount(NULL, &n), EXPERTD_ERROR_INVALID_ARGUMENT);
@@ -481,7 +483,13 @@ static void test_daemon(const char* expertd) {
   }
   /* A lease given to the wrong session is refused and stays usable. */
   EXPECT_CODE(EXPERTD_SessionRelease(s1, lease2), EXPERTD_ERROR_INVALID_ARGUMENT);
+  EXPECT_CODE(EXPERTD_SessionWaitReady(s1, lease2, NULL), EXPERTD_ERROR_INVALID_ARGUMENT);
+  EXPECT_CODE(EXPERTD_SessionRecordDone(s1, lease2, NULL), EXPERTD_ERROR_INVALID_ARGUMENT);
   OK(EXPERTD_LeaseSlotCount(lease2, &(size_t){0}));
+  /* Host sessions: waiting for ready is a no-op, recording done signals it; the engine's
+   * device-neutral sequence works unchanged. */
+  OK(EXPERTD_SessionWaitReady(s2, lease2, NULL));
+  OK(EXPERTD_SessionRecordDone(s2, lease2, NULL));
   OK(EXPERTD_SessionRelease(s2, lease2));
   OK(EXPERTD_SessionRelease(s1, lease1));
 
