@@ -214,6 +214,14 @@ int RunBench(const BenchArgs& a) {
     so.client_name = absl::StrCat("expertctl-bench/", i);
     absl::StatusOr<std::unique_ptr<client::Session>> s = (*c)->OpenSession(so);
     if (!s.ok()) return fail(s.status());
+    if ((*s)->info().device_kind() != "host") {
+      // Its slots are device pointers: reading them needs a CUDA context and a copy per slot,
+      // which would measure that copy rather than the daemon.
+      return fail(absl::FailedPreconditionError(absl::StrCat(
+          "bench reads slots on the CPU, but model ", model->name(), " is served from ",
+          (*s)->info().device(), "; the GPU check (scripts/gpu-check, daemon_cuda_client) "
+          "verifies CUDA sessions")));
+    }
     sessions.push_back(*std::move(s));
   }
   if (absl::Status st = CheckTrace(a.trace, groups, *model,
