@@ -322,8 +322,10 @@ TEST(EventGenerations, TheNextReadyRecordClearsWhatItsCopyWaitedFor) {
   ASSERT_TRUE(g.BeginReadyRecord(0, 1).ok());
   EXPECT_EQ(g.WaitSources(0), (std::vector<uint64_t>{5}));
   // The next occupant's copy waited on session 5 before its ready record.
+  EXPECT_EQ(g.DeclarationsOf(5), 1u);
   ASSERT_TRUE(g.BeginReadyRecord(0, 2).ok());
   EXPECT_TRUE(g.WaitSources(0).empty());
+  EXPECT_EQ(g.DeclarationsOf(5), 0u);
   EXPECT_EQ(g.ForWait(0, 2), WaitAction::kNotDeclared);  // nobody declared generation 2 yet
   ASSERT_TRUE(g.DeclareDoneRecorded(0, 2, 9).ok());
   EXPECT_EQ(g.WaitSources(0), (std::vector<uint64_t>{9}));

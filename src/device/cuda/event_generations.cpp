@@ -16,6 +16,22 @@ absl::Status BadSlot(uint32_t slot, size_t n) {
 
 }  // namespace
 
+template <typename Pred>
+uint32_t EventGenerations::EraseDeclared(Slot& s, Pred drop) {
+  uint32_t erased = 0;
+  for (auto it = s.declared.begin(); it != s.declared.end();) {
+    if (!drop(*it)) {
+      ++it;
+      continue;
+    }
+    auto c = counts_.find(it->source);
+    if (c != counts_.end() && --c->second == 0) counts_.erase(c);
+    it = s.declared.erase(it);
+    ++erased;
+  }
+  return erased;
+}
+
 uint64_t EventGenerations::ready(uint32_t slot) const {
   return slot < slots_.size() ? slots_[slot].ready : 0;
 }
@@ -38,7 +54,7 @@ absl::Status EventGenerations::BeginReadyRecord(uint32_t slot, uint64_t generati
   if (generation > s.ready) {
     // This copy waited (earlier on its stream) on every declaration of the previous occupants;
     // a later copy into the slot waits only for readers of this generation and newer.
-    std::erase_if(s.declared, [generation](const Declared& d) { return d.generation < generation; });
+    EraseDeclared(s, [generation](const Declared& d) { return d.generation < generation; });
   }
   s.ready = generation;
   s.recorded = true;
@@ -79,6 +95,7 @@ absl::Status EventGenerations::DeclareDoneRecorded(uint32_t slot, uint64_t gener
     it->generation = std::max(it->generation, generation);
   } else {
     s.declared.insert(it, Declared{source, generation});
+    ++counts_[source];
   }
   return absl::OkStatus();
 }
@@ -89,15 +106,15 @@ absl::Status EventGenerations::DeclareDoneForced(uint32_t slot, uint64_t generat
   Slot& s = slots_[slot];
   s.done_forced = std::max(s.done_forced, generation);
   // Its record (if any) may belong to a killed context and never complete: do not wait on it.
-  std::erase_if(s.declared, [source](const Declared& d) { return d.source == source; });
+  EraseDeclared(s, [source](const Declared& d) { return d.source == source; });
   return absl::OkStatus();
 }
 
 uint32_t EventGenerations::DropSource(uint64_t source) {
   uint32_t dropped = 0;
+  if (!counts_.contains(source)) return 0;
   for (Slot& s : slots_) {
-    dropped += static_cast<uint32_t>(
-        std::erase_if(s.declared, [source](const Declared& d) { return d.source == source; }));
+    dropped += EraseDeclared(s, [source](const Declared& d) { return d.source == source; });
   }
   return dropped;
 }
@@ -110,11 +127,8 @@ std::vector<uint64_t> EventGenerations::WaitSources(uint32_t slot) const {
 }
 
 uint32_t EventGenerations::DeclarationsOf(uint64_t source) const {
-  uint32_t n = 0;
-  for (const Slot& s : slots_) {
-    for (const Declared& d : s.declared) n += d.source == source ? 1 : 0;
-  }
-  return n;
+  auto it = counts_.find(source);
+  return it == counts_.end() ? 0 : it->second;
 }
 
 WaitAction EventGenerations::ForWait(uint32_t slot, uint64_t generation) const {

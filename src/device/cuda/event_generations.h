@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -92,7 +93,11 @@ class EventGenerations {
     std::vector<Declared> declared;  // one per source, ascending by source
   };
   absl::Status CheckDeclaration(uint32_t slot, uint64_t generation) const;
+  // Erases the slot's declarations `drop` selects, keeping counts_ in step; returns how many.
+  template <typename Pred>
+  uint32_t EraseDeclared(Slot& s, Pred drop);
   std::vector<Slot> slots_;
+  std::map<uint64_t, uint32_t> counts_;  // declarations held per source (none: no entry)
 };
 
 class ClientGenerations {
