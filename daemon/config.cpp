@@ -391,7 +391,8 @@ void ReadRoot(Reader& r, const toml::table& root, DaemonConfig& c) {
       {"cuda_devices", r.Into(d.cuda_devices, IntArray<int>(0, 1023))},
       {"slot_memory", r.Into(d.slot_memory, BytesIn(1, kMaxU64))},
       {"staging_memory", r.Into(d.staging_memory, BytesIn(1, kMaxU64))},
-      {"copy_streams", r.Into(d.copy_streams, IntIn<uint32_t>(1, 64))}};
+      {"copy_streams", r.Into(d.copy_streams, IntIn<uint32_t>(1, 64))},
+      {"direct_copies", r.Into<bool>(d.direct_copies, AsBool)}};
   const std::vector<Reader::Field> readers = {
       {"method", r.Into(rd.method, OneOf(kMethods))},
       {"threads_per_group", r.Into(rd.threads_per_group, IntIn<uint32_t>(1, 64))},
@@ -578,6 +579,7 @@ std::string DescribeConfig(const DaemonConfig& c) {
       "models=[", models, "] device=", AV(NameOf(c.device.kind)), " cuda=[", devices,
       "] slots=", FormatByteSize(c.device.slot_memory),
       " staging=", FormatByteSize(c.device.staging_memory), " streams=", c.device.copy_streams,
+      " direct_copies=", c.device.direct_copies ? "on" : "off",
       " readers=", AV(NameOf(c.readers.method)), " threads_per_group=", c.readers.threads_per_group,
       " cache=", AV(NameOf(c.cache.policy)), " predictor=", AV(NameOf(c.predictor.kind)),
       " lookahead=", c.predictor.lookahead, " max_experts=", c.predictor.max_experts,
@@ -613,6 +615,7 @@ absl::Status ApplyReloadable(const DaemonConfig& fresh, DaemonConfig& live) {
   diff("device.slot_memory", fd.slot_memory, ld.slot_memory);
   diff("device.staging_memory", fd.staging_memory, ld.staging_memory);
   diff("device.copy_streams", fd.copy_streams, ld.copy_streams);
+  diff("device.direct_copies", fd.direct_copies, ld.direct_copies);
   diff("readers.method", fresh.readers.method, live.readers.method);
   diff("readers.threads_per_group", fresh.readers.threads_per_group,
        live.readers.threads_per_group);

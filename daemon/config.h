@@ -106,6 +106,7 @@ struct DeviceConfig {
   uint64_t slot_memory = 1ull << 30;      // bytes of slot arenas per device
   uint64_t staging_memory = 64ull << 20;  // bytes of pinned staging ring per device
   uint32_t copy_streams = 2;              // host-to-device copy streams per device, 1..64
+  bool direct_copies = true;              // copy from registered pack mappings (readers mmap)
   bool operator==(const DeviceConfig&) const = default;
 };
 

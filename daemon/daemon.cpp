@@ -41,6 +41,7 @@ EngineOptions EngineOptionsFrom(const DaemonConfig& c) {
   eo.predictor_options.history_tokens = c.predictor.history_tokens;
   eo.staging_bytes = c.device.staging_memory;
   eo.readers.threads_per_group = c.readers.threads_per_group;
+  eo.direct_copies = c.device.direct_copies;
   return eo;
 }
 
@@ -318,6 +319,9 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
                    "slots in {} class(es)",
                    spec.name, device->name(), c.layers().size(), c.n_expert(), c.n_expert_used(),
                    c.packs().size(), slots, c.slot_classes().size());
+      for (const PackCopyPath& p : (*m)->engine().CopyPaths()) {
+        spdlog::info("model {} on {}: pack {}: {}", spec.name, device->name(), p.pack, p.detail);
+      }
       d.models.push_back(*std::move(m));
     }
   }

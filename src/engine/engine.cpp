@@ -78,8 +78,47 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelCatalog& catal
   impl->readers = std::make_unique<ReaderPools>(packs, options.readers);
   impl->in_place_ok = options.fill_in_place && device.caps().arenas_host_writable &&
                       device.caps().fences_host_visible;
+  impl->RegisterPacks();
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
+
+void Engine::Impl::RegisterPacks() {
+  const bool can = device.caps().registers_host_memory;
+  bool any = false;
+  for (PackId id = 0; id < packs.size(); ++id) {
+    PackCopyPath path;
+    path.pack = packs.pack(id).label;
+    std::unique_ptr<StagingBuffer> registered;
+    const std::span<const uint8_t> mapping = packs.mapping(id);
+    if (!options.direct_copies) {
+      path.detail = "staging (direct copies are off)";
+    } else if (!can) {
+      path.detail = absl::StrCat("staging (device ", AV(device.name()),
+                                 " does not register host memory)");
+    } else if (mapping.empty()) {
+      path.detail = absl::StrCat("staging (read with ", AV(ReadMethodName(packs.pack(id).method)),
+                                 "; only mmap packs can be registered)");
+    } else {
+      // Registered read-only where the device allows it: the device never writes through it.
+      absl::StatusOr<std::unique_ptr<StagingBuffer>> r = device.RegisterHostMemory(
+          std::span<uint8_t>(const_cast<uint8_t*>(mapping.data()), mapping.size()));
+      if (r.ok()) {
+        registered = *std::move(r);
+        path.direct = true;
+        path.detail = absl::StrCat("direct (", mapping.size(), " bytes registered)");
+        any = true;
+      } else {
+        path.detail = absl::StrCat("staging (registering the mapping failed: ",
+                                   r.status().message(), ")");
+      }
+    }
+    direct.push_back(std::move(registered));
+    copy_paths.push_back(std::move(path));
+  }
+  if (!any) direct.clear();  // Enqueue skips the per-bundle check
+}
+
+std::vector<PackCopyPath> Engine::CopyPaths() const { return impl_->copy_paths; }
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -245,6 +284,7 @@ EngineStats Engine::Stats() const {
   // read: a bundle's read is counted (PackSet::Read) before its copy can start.
   s.bytes_copied = impl_->bytes_copied.load(std::memory_order_seq_cst);
   s.bytes_in_place = impl_->bytes_in_place.load(std::memory_order_seq_cst);
+  s.bytes_direct = impl_->bytes_direct.load(std::memory_order_seq_cst);
   for (const PackStats& p : impl_->readers->Stats().packs) s.bytes_read += p.bytes_read;
   s.staging = impl_->ring->stats();
   std::lock_guard<std::mutex> lock(impl_->mu);

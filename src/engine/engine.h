@@ -58,6 +58,13 @@ struct EngineOptions {
   ReaderPoolOptions readers;
   // Read straight into slots when the device allows it (see above); false: always via staging.
   bool fill_in_place = true;
+  // Direct copies: when the device can register host memory (cudaHostRegister) and a pack is
+  // mapped (readers.method = mmap), the pack's mapping is registered at start, in bounded
+  // chunks within the device's pinned budget, and bundles whose projections all lie in such
+  // packs are copied from the mapping straight into their slots: no read, no staging segment
+  // (the origin's direct DAX path). A pack that cannot be registered uses staging;
+  // Engine::CopyPaths() says which path each pack uses and why.
+  bool direct_copies = true;
   // Cancel superseded prefetches (see above). The rule assumes the prefetches of a layer serve
   // the next visit of that layer by any session; turn it off when sessions sweep far apart.
   bool cancel_superseded_prefetches = true;
@@ -84,12 +91,20 @@ struct EngineStats {
   uint64_t bytes_read = 0;
   uint64_t bytes_copied = 0;    // bundle bytes that landed in slots (copied or read in place)
   uint64_t bytes_in_place = 0;  // of bytes_copied: read straight into slots, no staging copy
+  uint64_t bytes_direct = 0;    // of bytes_copied: copied from registered pack mappings (no read)
   uint64_t fills_failed = 0;
   uint64_t prefetch_promoted = 0;  // queued prefetches a demand acquire joined and moved ahead
   StagingStats staging;
   double stall_p50_us = 0;  // over the last kStallSamples acquires
   double stall_p99_us = 0;
   std::vector<std::pair<uint32_t, double>> layer_hit_rate;  // (block, hits / accesses)
+};
+
+// How the bytes of one pack reach the slots.
+struct PackCopyPath {
+  std::string pack;    // the pack's label
+  bool direct = false;  // copied from its registered mapping; else read into staging
+  std::string detail;  // why not direct, or how it was registered
 };
 
 class Engine {
@@ -126,6 +141,8 @@ class Engine {
   const Arena& arena(uint32_t slot_class, size_t projection) const;
   FenceTable& fences(uint32_t slot_class) const;
   EngineStats Stats() const;
+  // One entry per pack, in PackSet order.
+  std::vector<PackCopyPath> CopyPaths() const;
 
  private:
   struct Impl;

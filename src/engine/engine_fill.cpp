@@ -16,12 +16,14 @@ void Engine::Impl::Enqueue(uint32_t cls, const SlotGrant& g, bool demand) {
   // In place only when nobody can still be reading the slot's previous occupant: the done fence
   // only grows, so what passed now stays passed.
   f.in_place = in_place_ok && classes[cls].fences->done(g.slot) >= g.wait_done;
+  f.direct = !f.in_place && !direct.empty() && DirectOk(f.key);
+  const bool no_segment = f.in_place || f.direct;
   if (!demand) {
     prefetches[f.id()] =
-        PrefetchEntry{f, f.in_place ? Stage::kStarting : Stage::kQueued, ReadJobHandle()};
+        PrefetchEntry{f, no_segment ? Stage::kStarting : Stage::kQueued, ReadJobHandle()};
     prefetches_by_layer[f.key.layer].insert(f.id());
   }
-  if (f.in_place) {
+  if (no_segment) {
     in_place_ready.push_back(f);
   } else {
     (demand ? demand_q : prefetch_q).push_back(f);
@@ -111,7 +113,51 @@ void Engine::Impl::StartFills(std::vector<Start> starts) {
   if (fills_starting == 0) fills_settled.notify_all();
 }
 
+bool Engine::Impl::DirectOk(const BundleKey& key) const {
+  const MoeLayer& layer = *catalog.FindLayer(key.layer);
+  for (size_t p = 0; p < layer.projections.size(); ++p) {
+    const absl::StatusOr<ExpertLocation> loc = catalog.Locate(key.layer, key.expert, p);
+    if (!loc.ok() || loc->pack >= direct.size() || direct[loc->pack] == nullptr) return false;
+  }
+  return true;
+}
+
+void Engine::Impl::CopyDirect(const Fill& f) {
+  ClassState& c = classes[f.cls];
+  const MoeLayer& layer = *catalog.FindLayer(f.key.layer);
+  CopyRequest req;
+  req.priority = f.demand ? CopyPriority::kDemand : CopyPriority::kPrefetch;
+  for (size_t p = 0; p < layer.projections.size(); ++p) {
+    const Projection& proj = layer.projections[p];
+    const absl::StatusOr<ExpertLocation> loc = catalog.Locate(f.key.layer, f.key.expert, p);
+    if (!loc.ok()) return FinishFill(f, kNoSegment, loc.status());
+    // Inside the mapping: ServedModel / the catalog checked every range against the pack size.
+    const std::span<uint8_t> mapped = direct[loc->pack]->data();
+    if (loc->bytes != proj.expert_bytes || loc->offset + loc->bytes > mapped.size()) {
+      return FinishFill(f, kNoSegment,
+                        absl::InternalError(absl::StrCat("layer ", f.key.layer, " expert ",
+                                                         f.key.expert, " ", proj.tensor,
+                                                         " lies outside its pack mapping")));
+    }
+    req.segments.push_back(CopySegment{mapped.subspan(loc->offset, loc->bytes),
+                                       c.arenas[p].get(), uint64_t{f.slot} * proj.expert_bytes});
+  }
+  if (f.wait_done > 0) req.waits.push_back(FenceWait{c.fences.get(), f.slot, f.wait_done});
+  req.signals.push_back(FenceSignal{c.fences.get(), f.slot, f.generation});
+  const uint64_t bytes = layer.payload_bytes;
+  const absl::Status submitted =
+      device.SubmitCopy(std::move(req), [this, f, bytes](absl::Status st) {
+        if (st.ok()) {
+          bytes_copied.fetch_add(bytes, std::memory_order_relaxed);
+          bytes_direct.fetch_add(bytes, std::memory_order_relaxed);
+        }
+        FinishFill(f, kNoSegment, std::move(st));
+      });
+  if (!submitted.ok()) FinishFill(f, kNoSegment, submitted);
+}
+
 void Engine::Impl::StartFill(const Fill& f, uint32_t seg) {
+  if (f.direct) return CopyDirect(f);
   const MoeLayer& layer = *catalog.FindLayer(f.key.layer);
   const ClassState& c = classes[f.cls];
   ReadJob job;

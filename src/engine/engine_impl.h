@@ -47,6 +47,7 @@ struct Fill {
   BundleKey key;
   bool demand = true;
   bool in_place = false;  // decided when queued: the done fence had passed, the device allows it
+  bool direct = false;    // every projection lies in a registered pack mapping: copy from there
   FillId id() const { return {cls, slot, generation}; }
 };
 
@@ -92,6 +93,9 @@ struct Engine::Impl {
   std::unique_ptr<StagingBuffer> staging_memory;
   std::unique_ptr<StagingRing> ring;
   std::unique_ptr<ReaderPools> readers;
+  // Per pack: its registered mapping (the direct path), or nullptr; fixed after Create.
+  std::vector<std::unique_ptr<StagingBuffer>> direct;
+  std::vector<PackCopyPath> copy_paths;
 
   std::mutex mu;                          // std primitives: visible to ThreadSanitizer
   std::condition_variable fills_settled;  // fills_in_flight or fills_starting reached 0
@@ -100,7 +104,8 @@ struct Engine::Impl {
   // Prefetch fills waiting for a staging segment. Cancelled or promoted ones stay here until
   // they reach the front, where TakeStartable drops them (their registry entry is gone).
   std::deque<Fill> prefetch_q ABSL_GUARDED_BY(mu);
-  std::vector<Fill> in_place_ready ABSL_GUARDED_BY(mu);  // fills that need no segment
+  std::vector<Fill> in_place_ready ABSL_GUARDED_BY(mu);  // fills that need no segment (in
+                                                        // place or direct)
   absl::flat_hash_map<FillId, PrefetchEntry> prefetches ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<uint32_t, absl::flat_hash_set<FillId>> prefetches_by_layer
       ABSL_GUARDED_BY(mu);
@@ -116,9 +121,14 @@ struct Engine::Impl {
   bool stopping ABSL_GUARDED_BY(mu) = false;
   std::atomic<uint64_t> bytes_copied{0};
   std::atomic<uint64_t> bytes_in_place{0};
+  std::atomic<uint64_t> bytes_direct{0};
 
   Impl(const ModelCatalog& c, const PackSet& p, Device& d, const EngineOptions& o)
       : catalog(c), packs(p), device(d), options(o) {}
+
+  // Registers the mapped packs with the device for direct copies (EngineOptions::direct_copies)
+  // and fills copy_paths. Called once by Create.
+  void RegisterPacks();
 
   // ---- engine_fill.cpp: the pipeline ----
 
@@ -148,6 +158,10 @@ struct Engine::Impl {
   void StartFill(const Fill& f, uint32_t segment);
   void AfterRead(const Fill& f, uint32_t segment, absl::Status status);
   void CopyFromStaging(const Fill& f, uint32_t segment);
+  // The direct path: one copy from the registered pack mappings, no read.
+  void CopyDirect(const Fill& f);
+  // True when every projection of `key` lies in a pack with a registered mapping.
+  bool DirectOk(const BundleKey& key) const;
   // Settles the pool slot of a fill and collects the acquires it completes.
   void Settle(const Fill& f, const absl::Status& status,
               std::vector<std::shared_ptr<PendingAcquire>>* ready)

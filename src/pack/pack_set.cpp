@@ -421,6 +421,12 @@ bool PackSet::failed(PackId id) const {
   return packs_.at(id)->failed.load(std::memory_order_acquire);
 }
 
+std::span<const uint8_t> PackSet::mapping(PackId id) const {
+  const OpenPack& p = *packs_.at(id);
+  if (p.map == nullptr) return {};
+  return {p.map, p.entry.size};
+}
+
 PackStats PackSet::stats(PackId id) const {
   const OpenPack& p = *packs_.at(id);
   PackStats s;

@@ -151,6 +151,9 @@ class PackSet {
 
   bool failed(PackId id) const;
   PackStats stats(PackId id) const;
+  // The whole-file read-only mapping of a pack read with method kMmap; empty for the others.
+  // Lives as long as the PackSet. A device may register it as staging (the direct path).
+  std::span<const uint8_t> mapping(PackId id) const;
 
  private:
   explicit PackSet(const PackSetOptions& options);

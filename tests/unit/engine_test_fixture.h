@@ -27,7 +27,8 @@ namespace expertd::testing {
 
 class EngineFixture : public ::testing::Test {
  protected:
-  void Open(const std::string& preset, PackReadHook hook = nullptr, uint32_t scale = 1) {
+  void Open(const std::string& preset, PackReadHook hook = nullptr, uint32_t scale = 1,
+            ReadMethod method = ReadMethod::kPread) {
     SynthOptions so;
     so.preset = preset;
     so.out_dir = dir_.File("m");
@@ -48,7 +49,9 @@ class EngineFixture : public ::testing::Test {
       spec.test_hook = hook;
       specs.push_back(std::move(spec));
     }
-    auto packs = PackSet::Open(std::move(specs), PackSetOptions{});
+    PackSetOptions po;
+    po.method = method;
+    auto packs = PackSet::Open(std::move(specs), po);
     ASSERT_TRUE(packs.ok()) << packs.status();
     packs_ = *std::move(packs);
     auto device = MakeHostDevice();

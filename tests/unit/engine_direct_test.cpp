@@ -1,0 +1,144 @@
+// The engine's direct path (EngineOptions::direct_copies) without a GPU: the host device behind
+// a wrapper that registers host memory the way the CUDA device's cudaHostRegister does (within
+// a byte budget), so bundles of mapped packs are copied straight from the pack mapping into the
+// slots, with no read and no staging segment. The bytes are checked against the pack.
+#include "engine_test_fixture.h"
+
+namespace expertd::testing {
+namespace {
+
+class RegisteredMemory final : public StagingBuffer {
+ public:
+  explicit RegisteredMemory(std::span<uint8_t> memory) : StagingBuffer(memory) {}
+};
+
+// The host device, registering host memory up to `budget` bytes in all.
+class RegisteringDevice final : public Device {
+ public:
+  RegisteringDevice(std::unique_ptr<Device> inner, uint64_t budget)
+      : inner_(std::move(inner)), caps_(inner_->caps()), budget_(budget) {
+    caps_.registers_host_memory = true;
+    caps_.arenas_host_writable = false;  // as on a GPU: no in-place reads into slots
+  }
+  std::string_view name() const override { return "host+register"; }
+  const Capabilities& caps() const override { return caps_; }
+  absl::StatusOr<std::unique_ptr<Arena>> AllocateArena(uint64_t bytes,
+                                                       std::string_view label) override {
+    return inner_->AllocateArena(bytes, label);
+  }
+  absl::StatusOr<std::unique_ptr<StagingBuffer>> AllocateStaging(uint64_t bytes) override {
+    return inner_->AllocateStaging(bytes);
+  }
+  absl::StatusOr<std::unique_ptr<FenceTable>> CreateFences(uint32_t n_slots) override {
+    return inner_->CreateFences(n_slots);
+  }
+  absl::Status SubmitCopy(CopyRequest request, CopyCallback on_complete) override {
+    return inner_->SubmitCopy(std::move(request), std::move(on_complete));
+  }
+  absl::Status Drain(absl::Duration timeout) override { return inner_->Drain(timeout); }
+  void Shutdown() override { inner_->Shutdown(); }
+  absl::StatusOr<std::unique_ptr<StagingBuffer>> RegisterHostMemory(
+      std::span<uint8_t> memory) override {
+    if (memory.size() > budget_ - used_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "host registration of ", memory.size(), " bytes exceeds the pinned budget"));
+    }
+    used_ += memory.size();
+    return std::make_unique<RegisteredMemory>(memory);
+  }
+  uint64_t used() const { return used_; }
+
+ private:
+  std::unique_ptr<Device> inner_;
+  Capabilities caps_;
+  uint64_t budget_;
+  uint64_t used_ = 0;
+};
+
+class EngineDirectTest : public EngineFixture {
+ protected:
+  void OpenWith(ReadMethod method, uint64_t budget) {
+    Open("mixtral-tiny", nullptr, 1, method);
+    auto* d = new RegisteringDevice(std::move(device_), budget);
+    registering_ = d;
+    device_.reset(d);
+  }
+  // Acquires every expert of the first two layers through 4 slots, verifying each grant.
+  void Sweep(Engine& engine) {
+    for (size_t li = 0; li < 2; ++li) {
+      const MoeLayer& layer = catalog_->layers()[li];
+      for (uint32_t e = 0; e < layer.n_expert; ++e) {
+        auto g = AcquireWithin(engine, layer.block, {e});
+        ASSERT_TRUE(g.has_value() && g->ok());
+        ASSERT_TRUE(Verify(engine, **g));
+        oracle_bytes_ += BundleBytes(layer.block);  // Verify reads through the same PackSet
+        Done(engine, **g);
+      }
+    }
+  }
+  RegisteringDevice* registering_ = nullptr;
+  uint64_t oracle_bytes_ = 0;
+};
+
+TEST_F(EngineDirectTest, MappedPacksAreCopiedFromTheirRegisteredMapping) {
+  OpenWith(ReadMethod::kMmap, uint64_t{1} << 40);
+  auto engine = MakeEngine(4);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<PackCopyPath> paths = (*engine)->CopyPaths();
+  ASSERT_EQ(paths.size(), packs_->size());
+  for (const PackCopyPath& p : paths) EXPECT_TRUE(p.direct) << p.pack << ": " << p.detail;
+  EXPECT_GT(registering_->used(), 0u);
+  Sweep(**engine);
+  const EngineStats s = (*engine)->Stats();
+  EXPECT_GT(s.bytes_copied, 0u);
+  EXPECT_EQ(s.bytes_direct, s.bytes_copied);  // every bundle took the direct path
+  EXPECT_EQ(s.bytes_read, oracle_bytes_);     // the engine read nothing into staging
+  EXPECT_GT(s.pool.evictions, 0u);            // slots were overwritten along the way
+}
+
+TEST_F(EngineDirectTest, APackThatCannotBeRegisteredIsReadIntoStaging) {
+  OpenWith(ReadMethod::kMmap, 4096);  // far below any pack's size
+  auto engine = MakeEngine(4);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  for (const PackCopyPath& p : (*engine)->CopyPaths()) {
+    EXPECT_FALSE(p.direct);
+    EXPECT_NE(p.detail.find("registering the mapping failed"), std::string::npos) << p.detail;
+    EXPECT_NE(p.detail.find("pinned budget"), std::string::npos) << p.detail;
+  }
+  Sweep(**engine);
+  const EngineStats s = (*engine)->Stats();
+  EXPECT_EQ(s.bytes_direct, 0u);
+  EXPECT_GE(s.bytes_read - oracle_bytes_, s.bytes_copied);
+  EXPECT_GT(s.bytes_copied, 0u);
+}
+
+TEST_F(EngineDirectTest, PreadPacksAndDisabledDirectCopiesUseStaging) {
+  OpenWith(ReadMethod::kPread, uint64_t{1} << 40);
+  {
+    auto engine = MakeEngine(4);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    for (const PackCopyPath& p : (*engine)->CopyPaths()) {
+      EXPECT_FALSE(p.direct);
+      EXPECT_NE(p.detail.find("only mmap packs"), std::string::npos) << p.detail;
+    }
+  }
+  EXPECT_EQ(registering_->used(), 0u);
+}
+
+TEST_F(EngineDirectTest, DirectCopiesCanBeTurnedOff) {
+  OpenWith(ReadMethod::kMmap, uint64_t{1} << 40);
+  EngineOptions o = Options(4);
+  o.direct_copies = false;
+  auto engine = MakeEngine(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  for (const PackCopyPath& p : (*engine)->CopyPaths()) {
+    EXPECT_FALSE(p.direct);
+    EXPECT_NE(p.detail.find("off"), std::string::npos) << p.detail;
+  }
+  EXPECT_EQ(registering_->used(), 0u);
+  Sweep(**engine);
+  EXPECT_EQ((*engine)->Stats().bytes_direct, 0u);
+}
+
+}  // namespace
+}  // namespace expertd::testing
