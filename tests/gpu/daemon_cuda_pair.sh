@@ -2,7 +2,9 @@
 # The daemon-level GPU test: the real expertd serving its demo model from the CUDA device, and
 # two client processes (daemon_cuda_client) whose CUDA kernels read granted slots in place
 # through IPC and check them against the model file, releasing leases while their kernels still
-# run; then acquire-to-ready latency for a miss and a hit. Exit 77 (skip) without a GPU.
+# run; then acquire-to-ready latency for a miss and a hit. Twice: with packs read into pinned
+# staging (readers.method = pread), and with the direct path (mmap packs registered with
+# cudaHostRegister, copied from the mapping). Exit 77 (skip) without a GPU.
 #   daemon_cuda_pair.sh EXPERTD DAEMON_CUDA_CLIENT [ITERATIONS]
 set -euo pipefail
 expertd=$1 client=$2 iterations=${3:-400}
@@ -20,25 +22,41 @@ export XDG_CACHE_HOME=$work/cache
 sock=$work/run/expertd.sock
 addr=unix://$sock
 # A small cache (about a sixth of the demo's bundles) so slots are overwritten all the time.
-cat > "$work/expertd.toml" <<TOML
+# start METHOD: starts the daemon reading packs with METHOD (pread: staging; mmap: the direct
+# path, copies from the registered pack mapping).
+start() {
+  cat > "$work/expertd.toml" <<TOML
 [device]
 kind = "cuda"
 cuda_devices = [0]
 slot_memory = "160MiB"
+direct_copies = true
+[readers]
+method = "$1"
 [limits]
 lease_ttl = "30s"
 drain_timeout = "10s"
 TOML
-"$expertd" --demo --config "$work/expertd.toml" --socket "$sock" > "$work/daemon.log" 2>&1 &
-daemon=$!; pids+=($daemon)
-for _ in $(seq 1 600); do [ -S "$sock" ] && break; sleep 0.1; done
-[ -S "$sock" ] || fail "no socket after 60 s"
-"$client" wait "$addr" 120 || fail "the daemon never served"
-grep -q 'serving from device cuda:0' "$work/daemon.log" || fail "the daemon is not on cuda:0"
-grep -E 'device|model demo' "$work/daemon.log" | head -5
+  rm -f "$sock"
+  "$expertd" --demo --config "$work/expertd.toml" --socket "$sock" > "$work/daemon.log" 2>&1 &
+  daemon=$!; pids+=($daemon)
+  for _ in $(seq 1 600); do [ -S "$sock" ] && break; sleep 0.1; done
+  [ -S "$sock" ] || fail "no socket after 60 s"
+  "$client" wait "$addr" 120 || fail "the daemon never served"
+  grep -q 'serving from device cuda:0' "$work/daemon.log" || fail "the daemon is not on cuda:0"
+  grep -E 'device|pack' "$work/daemon.log" | cut -c1-200 | head -6
+}
+stop() {
+  kill -TERM $daemon
+  local drc=0
+  wait $daemon || drc=$?
+  [ $drc = 0 ] || fail "daemon exit $drc after SIGTERM"
+  grep -E 'stopped' "$work/daemon.log" | tail -1
+}
 gguf=$XDG_CACHE_HOME/expertd/demo/model.gguf
 
-echo "== two client processes, kernels reading slots in place, released while running"
+echo "== staging path: two client processes, kernels reading slots in place, released while running"
+start pread
 "$client" run "$addr" "$gguf" "$iterations" 1 200000 > "$work/a.log" 2>&1 & a=$!
 "$client" run "$addr" "$gguf" "$iterations" 2 200000 > "$work/b.log" 2>&1 & b=$!
 rc=0
@@ -47,12 +65,21 @@ wait $b || rc=1
 cat "$work/a.log" "$work/b.log"
 [ $rc = 0 ] || fail "a client saw wrong bytes or an error"
 
-echo "== acquire-to-ready latency"
+echo "== acquire-to-ready latency (staging path)"
 "$client" latency "$addr" 400 3 || fail "latency pass"
+stop
 
-echo "== SIGTERM: exit 0"
-kill -TERM $daemon
-wait $daemon; drc=$?
-[ $drc = 0 ] || fail "daemon exit $drc"
-grep -E 'fills failed|stopped' "$work/daemon.log" | tail -3 || true
+echo "== direct path (readers.method = mmap, pack mapping registered)"
+start mmap
+grep -q 'pack .*: direct' "$work/daemon.log" || fail "no pack took the direct path"
+"$client" run "$addr" "$gguf" "$iterations" 4 200000 > "$work/c.log" 2>&1 & c=$!
+"$client" run "$addr" "$gguf" "$iterations" 5 200000 > "$work/d.log" 2>&1 & e=$!
+rc=0
+wait $c || rc=1
+wait $e || rc=1
+cat "$work/c.log" "$work/d.log"
+[ $rc = 0 ] || fail "a client saw wrong bytes or an error (direct path)"
+echo "== acquire-to-ready latency (direct path)"
+"$client" latency "$addr" 400 6 || fail "latency pass (direct path)"
+stop
 echo "PASS"
