@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "commands.h"
 #include "daemon_args.h"
 #include "model_args.h"
@@ -58,6 +59,7 @@ nlohmann::json StatsJson(const v1::GetStatsResponse& r) {
                           {"acquire_p99_us", s.acquire_p99_us()}});
     }
     models.push_back({{"model", m.model()},
+                      {"device", m.device()},
                       {"accesses", m.accesses()},
                       {"hits", m.hits()},
                       {"joins", m.joins()},
@@ -86,11 +88,12 @@ nlohmann::json StatsJson(const v1::GetStatsResponse& r) {
 
 std::string StatsText(const v1::GetStatsResponse& r) {
   std::string out;
-  absl::StrAppendFormat(&out, "expertd: device %s, up %.1f s, %u session(s)%s\n", r.device(),
+  absl::StrAppendFormat(&out, "expertd: device %s, up %.1f s, %u session(s)%s\n",
+                        absl::StrJoin(r.devices(), ", "),
                         static_cast<double>(r.uptime_ms()) / 1000, r.sessions(),
                         r.draining() ? ", draining" : "");
   for (const v1::ModelStats& m : r.models()) {
-    absl::StrAppendFormat(&out, "\nmodel %s\n", m.model());
+    absl::StrAppendFormat(&out, "\nmodel %s on %s\n", m.model(), m.device());
     absl::StrAppendFormat(
         &out, "  accesses %d: hits %d, joins %d, misses %d, hit rate %.3f, evictions %d\n",
         m.accesses(), m.hits(), m.joins(), m.misses(), HitRate(m), m.evictions());
