@@ -96,6 +96,7 @@ void ReplaySession(client::Session& session, uint32_t id, const std::vector<Rout
                    std::atomic<uint64_t>* done, ErrorLog* log, SessionResult* out) {
   out->acquire_us.reserve(count);
   uint64_t sink = 0;  // slot hashes without an oracle: the bytes are read all the same
+  std::vector<uint8_t> device_copy;  // CUDA sessions: one projection copied back to the host
   for (size_t k = 0; k < count; ++k) {
     const RouteRecord& r = groups[(start + k) % groups.size()];
     ++out->acquires;
@@ -111,15 +112,45 @@ void ReplaySession(client::Session& session, uint32_t id, const std::vector<Rout
                               absl::StrJoin(r.experts, ","), "]: ", lease.status().message()));
       continue;
     }
+    // CUDA sessions: the legacy stream waits for the copies, each slot comes back to the host
+    // (ordered after that wait), and done is recorded there before the release.
+    const bool cuda = session.info().device_kind() == "cuda";
+    if (cuda) {
+      if (absl::Status st = session.WaitReady(*lease, nullptr); !st.ok()) {
+        ++out->errors;
+        log->Print(absl::StrCat("session ", id, ": wait ready: ", st.message()));
+        continue;
+      }
+    }
     for (const client::SlotView& s : lease->slots) {
       ++out->granted;
       out->hits += s.hit ? 1 : 0;
       const std::vector<uint64_t>* want =
           oracle == nullptr ? nullptr : oracle->Find(lease->layer, s.expert);
-      bool ok = oracle == nullptr || (want != nullptr && want->size() == s.projections.size());
-      for (size_t p = 0; p < s.projections.size(); ++p) {
-        out->bytes += s.projections[p].size();
-        const uint64_t h = Xxh3(s.projections[p]);
+      const size_t n_proj = cuda ? s.device_projections.size() : s.projections.size();
+      bool ok = oracle == nullptr || (want != nullptr && want->size() == n_proj);
+      for (size_t p = 0; p < n_proj; ++p) {
+        std::span<const uint8_t> bytes;
+        if (cuda) {
+          absl::StatusOr<client::ArenaRef> arena =
+              session.arena(s.slot_class, static_cast<uint32_t>(p));
+          absl::Status st = arena.status();
+          if (st.ok()) {
+            device_copy.resize(arena->stride);
+            st = session.CopySlot(s, p, device_copy, nullptr);
+          }
+          if (!st.ok()) {
+            ok = false;
+            log->Print(absl::StrCat("session ", id, ": copying slot ", s.slot, ": ",
+                                    st.message()));
+            continue;
+          }
+          bytes = device_copy;
+        } else {
+          bytes = s.projections[p];
+        }
+        out->bytes += bytes.size();
+        const uint64_t h = Xxh3(bytes);
         sink ^= h;
         if (ok && want != nullptr) ok = h == (*want)[p];
       }
@@ -131,6 +162,12 @@ void ReplaySession(client::Session& session, uint32_t id, const std::vector<Rout
         log->Print(absl::StrCat("session ", id, ": layer ", lease->layer, " expert ", s.expert,
                                 " (slot ", s.slot_class, "/", s.slot, " generation ", s.generation,
                                 "): content differs from the model file"));
+      }
+    }
+    if (cuda) {
+      if (absl::Status st = session.RecordDone(*lease, nullptr); !st.ok()) {
+        ++out->errors;
+        log->Print(absl::StrCat("session ", id, ": record done: ", st.message()));
       }
     }
     if (absl::Status st = session.Release(*lease); !st.ok()) {
@@ -214,14 +251,6 @@ int RunBench(const BenchArgs& a) {
     so.client_name = absl::StrCat("expertctl-bench/", i);
     absl::StatusOr<std::unique_ptr<client::Session>> s = (*c)->OpenSession(so);
     if (!s.ok()) return fail(s.status());
-    if ((*s)->info().device_kind() != "host") {
-      // Its slots are device pointers: reading them needs a CUDA context and a copy per slot,
-      // which would measure that copy rather than the daemon.
-      return fail(absl::FailedPreconditionError(absl::StrCat(
-          "bench reads slots on the CPU, but model ", model->name(), " is served from ",
-          (*s)->info().device(), "; the GPU check (scripts/gpu-check, daemon_cuda_client) "
-          "verifies CUDA sessions")));
-    }
     sessions.push_back(*std::move(s));
   }
   if (absl::Status st = CheckTrace(a.trace, groups, *model,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -175,6 +176,29 @@ class SessionImpl final : public Session {
     std::lock_guard<std::mutex> lock(mu_);
     waited_.insert(lease.id);
     return absl::OkStatus();
+  }
+
+  absl::Status CopySlot(const SlotView& slot, size_t projection, std::span<uint8_t> out,
+                        void* cuda_stream) override {
+    if (slot.slot_class >= classes_.size() ||
+        projection >= classes_[slot.slot_class].strides.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("no projection ", projection, " in class ",
+                                                     slot.slot_class));
+    }
+    const SlotClassView& c = classes_[slot.slot_class];
+    const uint64_t stride = c.strides[projection];
+    if (out.size() != stride) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CopySlot: ", out.size(), " bytes asked, a slot holds ", stride));
+    }
+    if (!cuda_) {
+      if (projection >= slot.projections.size()) {
+        return absl::InvalidArgumentError("CopySlot: the slot view has no such projection");
+      }
+      std::memcpy(out.data(), slot.projections[projection].data(), stride);
+      return absl::OkStatus();
+    }
+    return c.cuda_arenas[projection]->CopyToHost(uint64_t{slot.slot} * stride, out, cuda_stream);
   }
 
   absl::Status RecordDone(const Lease& lease, void* cuda_stream) override {

@@ -105,6 +105,11 @@ class Session {
   // this session's done event of each slot there. FailedPrecondition when WaitReady was not
   // called for the lease. Host: signals done now (the reads must have returned).
   virtual absl::Status RecordDone(const Lease& lease, void* cuda_stream) = 0;
+  // Copies projection `projection` of a granted slot into `out` (its expert_bytes), on any
+  // device: host memcpy, or CUDA device-to-host on `cuda_stream` after the lease's WaitReady
+  // (synchronous). For tools and verification (expertctl bench), not for engines.
+  virtual absl::Status CopySlot(const SlotView& slot, size_t projection, std::span<uint8_t> out,
+                                void* cuda_stream) = 0;
   // Signals done for every slot of the lease (host: this process finished reading; CUDA:
   // RecordDone must have been called, else FailedPrecondition and the lease is kept), then
   // gives the lease back. Errors the daemon reports later are collected (TakeAsyncErrors).

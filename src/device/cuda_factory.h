@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -66,6 +67,11 @@ class CudaArenaView {
   virtual const void* device_ptr() const = 0;
   virtual uint64_t bytes() const = 0;
   virtual uint64_t reserved_bytes() const = 0;
+  // Copies [offset, offset + out.size()) of the arena to host memory, ordered on `cuda_stream`
+  // (after what the caller queued there, e.g. a WaitReady), and waits for it. For tools and
+  // verification, not the hot path. InvalidArgument outside [0, reserved_bytes()).
+  virtual absl::Status CopyToHost(uint64_t offset, std::span<uint8_t> out,
+                                  void* cuda_stream) const = 0;
 };
 
 // A session's ready/done IPC events, opened in this process. Shared like CudaArenaView (keyed

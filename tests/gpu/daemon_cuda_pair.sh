@@ -5,9 +5,12 @@
 # run; then acquire-to-ready latency for a miss and a hit. Twice: with packs read into pinned
 # staging (readers.method = pread), and with the direct path (mmap packs registered with
 # cudaHostRegister, copied from the mapping). Exit 77 (skip) without a GPU.
-#   daemon_cuda_pair.sh EXPERTD DAEMON_CUDA_CLIENT [ITERATIONS]
+# expertctl bench (a real Mixtral trace, 2 sessions, every slot copied back and checked against
+# the GGUF) runs against the staging-path daemon as well.
+#   daemon_cuda_pair.sh EXPERTD DAEMON_CUDA_CLIENT EXPERTCTL [ITERATIONS]
 set -euo pipefail
-expertd=$1 client=$2 iterations=${3:-400}
+expertd=$1 client=$2 ctl=$3 iterations=${4:-400}
+root=$(cd "$(dirname "$0")/../.." && pwd)
 "$client" probe || exit $?
 work=$(mktemp -d)
 pids=()
@@ -67,6 +70,16 @@ cat "$work/a.log" "$work/b.log"
 
 echo "== acquire-to-ready latency (staging path)"
 "$client" latency "$addr" 400 3 || fail "latency pass"
+
+echo "== expertctl bench on the CUDA daemon: a real trace, 2 sessions, slots copied back and checked"
+trace=$root/tests/data/traces/mixtral-8x7b/gsm8k_2_routing.jsonl
+"$ctl" bench --addr "$addr" --trace "$trace" --gguf "$gguf" --sessions 2 --json \
+  > "$work/bench.json" || fail "expertctl bench"
+# (no Python here: the bundle's libraries are first on LD_LIBRARY_PATH)
+field() { grep -o "\"$1\": *[0-9.e+-]*" "$work/bench.json" | head -1 | sed 's/.*: *//'; }
+echo "RESULT expertctl-bench-cuda verified=$(field verified) mismatches=$(field mismatches)" \
+  "hit_rate=$(field hit_rate) throughput_bytes_per_s=$(field throughput_bytes_per_s)"
+[ "$(field mismatches)" = 0 ] && [ "$(field verified)" -gt 0 ] || fail "expertctl bench mismatches"
 stop
 
 echo "== direct path (readers.method = mmap, pack mapping registered)"

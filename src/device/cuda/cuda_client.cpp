@@ -75,6 +75,22 @@ class OpenedArena final : public CudaArenaView {
   const void* device_ptr() const override { return ptr_; }
   uint64_t bytes() const override { return bytes_; }
   uint64_t reserved_bytes() const override { return reserved_; }
+  absl::Status CopyToHost(uint64_t offset, std::span<uint8_t> out,
+                          void* cuda_stream) const override {
+    if (offset > reserved_ || out.size() > reserved_ - offset) {
+      return InvalidError(ErrorKind::kOutOfBounds,
+                          absl::StrCat("copy of ", out.size(), " bytes at ", offset,
+                                       " outside an arena of ", reserved_, " bytes"));
+    }
+    if (out.empty()) return absl::OkStatus();
+    auto stream = static_cast<cudaStream_t>(cuda_stream);
+    return WithDevice(ordinal_, [&] {
+      RETURN_IF_ERROR(EXPERTD_CUDA_STATUS(
+          cudaMemcpyAsync(out.data(), static_cast<const uint8_t*>(ptr_) + offset, out.size(),
+                          cudaMemcpyDeviceToHost, stream)));
+      return EXPERTD_CUDA_STATUS(cudaStreamSynchronize(stream));
+    });
+  }
 
  private:
   void* ptr_;
