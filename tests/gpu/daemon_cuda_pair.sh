@@ -24,7 +24,8 @@ fail() { echo "FAIL: $*"; echo "--- daemon log"; tail -40 "$work/daemon.log" 2>/
 export XDG_CACHE_HOME=$work/cache
 sock=$work/run/expertd.sock
 addr=unix://$sock
-# A small cache (about a sixth of the demo's bundles) so slots are overwritten all the time.
+# The demo's default cache: a quarter of the model (71 slots for 256 bundles), so slots are
+# overwritten all the time.
 # start METHOD: starts the daemon reading packs with METHOD (pread: staging; mmap: the direct
 # path, copies from the registered pack mapping).
 start() {
@@ -32,7 +33,6 @@ start() {
 [device]
 kind = "cuda"
 cuda_devices = [0]
-slot_memory = "160MiB"
 direct_copies = true
 [readers]
 method = "$1"
