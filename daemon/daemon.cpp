@@ -104,8 +104,8 @@ struct Daemon {
   }
 
   // Stops serving in a fixed order: listeners, then the gRPC server (its Session streams end,
-  // which ends their sessions), then sessions (leases go back to the engines), then models and
-  // finally the device.
+  // which ends their sessions), then sessions (leases go back to the engines), then the devices'
+  // copy engines, the models and finally the devices.
   void TearDown() {
     metrics.reset();
     if (unix_listener) unix_listener->Stop();
@@ -113,8 +113,10 @@ struct Daemon {
     unix_listener.reset();
     server.reset();
     sessions.reset();
-    models.clear();
+    // Devices stop before the engines: a copy still held for a done record that will not come
+    // now is cancelled, so every fill settles and the engines' destructors do not wait forever.
     for (const auto& device : devices) device->Shutdown();
+    models.clear();
     devices.clear();
   }
 };

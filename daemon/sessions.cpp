@@ -420,7 +420,7 @@ void SessionRegistry::End(const std::shared_ptr<Session>& session) {
     }
     if (!session->leases_.empty()) {
       ended_.push_back({session, absl::Now() + limits_.lease_ttl});
-    } else if (!session->fences_.empty()) {
+    } else if (!session->fences_.empty() && !session->client_gone_) {
       watched_.push_back({session, absl::Now() + limits_.lease_ttl});
     }
   }
@@ -484,7 +484,7 @@ void SessionRegistry::ReapOnce(absl::Time now) {
   };
   std::vector<Expired> expired;  // reclaimed from live sessions: the client is told
   std::vector<std::pair<std::shared_ptr<Session>, Grant>> released;
-  std::vector<std::shared_ptr<Session>> gone;  // ended, and their process exited
+  std::vector<std::shared_ptr<Session>> gone;  // their client process exited (once each)
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = sessions_.begin(); it != sessions_.end();) {
@@ -493,6 +493,12 @@ void SessionRegistry::ReapOnce(absl::Time now) {
       if (!s.attached_ && now - s.opened_at_ > limits_.attach_timeout) {
         it = sessions_.erase(it);
         continue;
+      }
+      // A client process that died while its stream stays open (a child holds the socket):
+      // none of its done records needs waiting for any more.
+      if (!s.fences_.empty() && !s.client_gone_ && ProcessExited(s.pidfd_)) {
+        s.client_gone_ = true;
+        gone.push_back(it->second);
       }
       const bool idle = now - s.last_request_ > limits_.lease_ttl;
       for (auto lit = s.leases_.begin(); lit != s.leases_.end();) {
@@ -521,8 +527,9 @@ void SessionRegistry::ReapOnce(absl::Time now) {
         ++it;
         continue;
       }
-      if (!s.fences_.empty()) {
+      if (!s.fences_.empty() && !s.client_gone_) {
         if (ProcessExited(s.pidfd_)) {
+          s.client_gone_ = true;
           gone.push_back(it->session);
         } else {
           watched_.push_back(*it);
@@ -532,6 +539,7 @@ void SessionRegistry::ReapOnce(absl::Time now) {
     }
     for (auto it = watched_.begin(); it != watched_.end();) {
       if (ProcessExited(it->session->pidfd_)) {
+        it->session->client_gone_ = true;
         gone.push_back(it->session);
       } else if (now < it->deadline) {
         ++it;

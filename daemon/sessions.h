@@ -120,6 +120,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // One per slot class with session fences (CUDA), else empty; fixed after Open.
   std::vector<std::unique_ptr<SessionFences>> fences_;
   std::vector<v1::FenceTableHandle> fence_handles_;
+  bool client_gone_ = false;  // ClientGone was queued (guarded by the registry's mu_)
 
   mutable std::mutex mu_;
   std::shared_ptr<Outbox> outbox_;  // set by Attach, cleared by End

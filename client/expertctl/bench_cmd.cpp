@@ -119,6 +119,7 @@ void ReplaySession(client::Session& session, uint32_t id, const std::vector<Rout
       if (absl::Status st = session.WaitReady(*lease, nullptr); !st.ok()) {
         ++out->errors;
         log->Print(absl::StrCat("session ", id, ": wait ready: ", st.message()));
+        (void)session.Release(*lease);  // never waited for: given back as unread
         continue;
       }
     }

@@ -222,8 +222,11 @@ class SessionImpl final : public Session {
 
   absl::Status Release(const Lease& lease) override {
     if (cuda_) {
+      // Recorded: the daemon's next copies wait for the record. Never waited for: no stream of
+      // this library was ordered after its copies, so nothing read it through us (a give-back,
+      // e.g. after a failed acquire). Waited but not recorded: kernels may be reading it.
       std::lock_guard<std::mutex> lock(mu_);
-      if (!recorded_.contains(lease.id)) {
+      if (!recorded_.contains(lease.id) && waited_.contains(lease.id)) {
         return absl::FailedPreconditionError(
             absl::StrCat("lease ", lease.id, ": call RecordDone on the stream that read it before "
                          "Release (the daemon's next copy into its slots waits on that record)"));

@@ -111,8 +111,11 @@ class Session {
   virtual absl::Status CopySlot(const SlotView& slot, size_t projection, std::span<uint8_t> out,
                                 void* cuda_stream) = 0;
   // Signals done for every slot of the lease (host: this process finished reading; CUDA:
-  // RecordDone must have been called, else FailedPrecondition and the lease is kept), then
-  // gives the lease back. Errors the daemon reports later are collected (TakeAsyncErrors).
+  // RecordDone must have been called after WaitReady, else FailedPrecondition and the lease is
+  // kept — a lease never waited for is given back as unread), then gives the lease back. Errors
+  // the daemon reports later are collected (TakeAsyncErrors).
+  // CUDA, several streams: RecordDone chains on the slot's previous record, so a stream that
+  // records done for a slot also waits for the other streams' kernels on that slot.
   virtual absl::Status Release(const Lease& lease) = 0;
   // Sends a raw request on the stream (protocol tests): Release with any lease id, etc.
   virtual absl::Status SendRaw(const v1::SessionRequest& request) = 0;

@@ -288,10 +288,10 @@ EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionRecordDone(EXPERTD_Session* session
  * lease expires); the one exception is an INVALID_ARGUMENT error for a NULL argument or a lease
  * of another session, which changes nothing. After the call the lease's pointers must not be
  * read. Host device: the reads must have returned. CUDA: EXPERTD_SessionRecordDone must have
- * been called for the lease (kernels may still be running; the records order the daemon's
- * overwrites after them); without it the release fails with FAILED_PRECONDITION, the lease is
- * freed here and the daemon reclaims its slots only when the session ends or the lease TTL
- * passes. */
+ * been called for a lease that EXPERTD_SessionWaitReady was called for (kernels may still be
+ * running; the records order the daemon's overwrites after them); without it the release fails
+ * with FAILED_PRECONDITION, the lease is freed here and the daemon reclaims its slots only when
+ * the session ends or the lease TTL passes. A lease never waited for is given back as unread. */
 EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionRelease(EXPERTD_Session* session,
                                                      EXPERTD_Lease* lease);
 

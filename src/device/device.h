@@ -135,6 +135,13 @@ class StagingBuffer {
 
   std::span<uint8_t> data() const { return data_; }
   uint64_t bytes() const { return data_.size(); }
+  // True when `range` (inside data()) may be the source of one copy segment. Memory registered
+  // in chunks (RegisterHostMemory) answers whether it lies inside one chunk: a copy spanning
+  // two registrations may be treated as pageable by the driver. Default: always.
+  virtual bool OneRegion(std::span<const uint8_t> range) const {
+    (void)range;
+    return true;
+  }
 
  protected:
   explicit StagingBuffer(std::span<uint8_t> data) : data_(data) {}

@@ -62,7 +62,8 @@ struct EngineOptions {
   // mapped (readers.method = mmap), the pack's mapping is registered at start, in bounded
   // chunks within the device's pinned budget, and bundles whose projections all lie in such
   // packs are copied from the mapping straight into their slots: no read, no staging segment
-  // (the origin's direct DAX path). A pack that cannot be registered uses staging;
+  // (the origin's direct DAX path); a projection across two registered chunks is read into
+  // staging. A pack that cannot be registered uses staging;
   // Engine::CopyPaths() says which path each pack uses and why.
   bool direct_copies = true;
   // Cancel superseded prefetches (see above). The rule assumes the prefetches of a layer serve

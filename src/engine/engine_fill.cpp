@@ -118,6 +118,10 @@ bool Engine::Impl::DirectOk(const BundleKey& key) const {
   for (size_t p = 0; p < layer.projections.size(); ++p) {
     const absl::StatusOr<ExpertLocation> loc = catalog.Locate(key.layer, key.expert, p);
     if (!loc.ok() || loc->pack >= direct.size() || direct[loc->pack] == nullptr) return false;
+    const StagingBuffer& mapped = *direct[loc->pack];
+    if (loc->offset + loc->bytes > mapped.bytes()) return false;
+    // A projection across two registered chunks goes through staging.
+    if (!mapped.OneRegion(mapped.data().subspan(loc->offset, loc->bytes))) return false;
   }
   return true;
 }

@@ -262,12 +262,17 @@ int Latency(const std::string& addr, int iterations, uint64_t seed) {
          "cudaEventCreate");
   std::mt19937_64 rng(seed);
   std::vector<double> miss_us, hit_us;
+  uint32_t last_layer = 0;
+  std::vector<uint32_t> last;
   for (int it = 0; it < iterations; ++it) {
-    const uint32_t layer = model.moe_layers(static_cast<int>(rng() % model.moe_layers_size()));
-    // Half the time the same experts as a moment ago (hits), else random ones (mostly misses).
-    static std::vector<uint32_t> last;
-    std::vector<uint32_t> experts =
-        (it % 2 == 1 && !last.empty()) ? last : PickExperts(rng, model.n_expert(), 1);
+    // Every other acquire repeats the previous (layer, expert): a hit; the others pick a random
+    // one: mostly misses with a small cache.
+    const bool repeat = it % 2 == 1 && !last.empty();
+    const uint32_t layer =
+        repeat ? last_layer
+               : model.moe_layers(static_cast<int>(rng() % model.moe_layers_size()));
+    std::vector<uint32_t> experts = repeat ? last : PickExperts(rng, model.n_expert(), 1);
+    last_layer = layer;
     last = experts;
     const auto t0 = Clock::now();
     auto lease = session->Acquire(layer, experts);

@@ -24,8 +24,9 @@ fail() { echo "FAIL: $*"; echo "--- daemon log"; tail -40 "$work/daemon.log" 2>/
 export XDG_CACHE_HOME=$work/cache
 sock=$work/run/expertd.sock
 addr=unix://$sock
-# The demo's default cache: a quarter of the model (71 slots for 256 bundles), so slots are
-# overwritten all the time.
+# A small cache (2 MiB: about 14 of the demo's 256 bundles of ~140 KiB), so a slot released a
+# moment ago is soon overwritten while the kernels that read it (each sleeping DELAY on the GPU
+# first) may still run: the daemon's copy must wait for their done records.
 # start METHOD: starts the daemon reading packs with METHOD (pread: staging; mmap: the direct
 # path, copies from the registered pack mapping).
 start() {
@@ -33,6 +34,7 @@ start() {
 [device]
 kind = "cuda"
 cuda_devices = [0]
+slot_memory = "2MiB"
 direct_copies = true
 [readers]
 method = "$1"
@@ -57,16 +59,32 @@ stop() {
   grep -E 'stopped' "$work/daemon.log" | tail -1
 }
 gguf=$XDG_CACHE_HOME/expertd/demo/model.gguf
+delay=1000000  # ns each checksum kernel sleeps before reading its slot
+evictions() {
+  "$ctl" stats --addr "$addr" --json | grep -o '"evictions": *[0-9]*' | head -1 | sed 's/.*: *//'
+}
 
 echo "== staging path: two client processes, kernels reading slots in place, released while running"
 start pread
-"$client" run "$addr" "$gguf" "$iterations" 1 200000 > "$work/a.log" 2>&1 & a=$!
-"$client" run "$addr" "$gguf" "$iterations" 2 200000 > "$work/b.log" 2>&1 & b=$!
+"$client" run "$addr" "$gguf" "$iterations" 1 $delay > "$work/a.log" 2>&1 & a=$!
+"$client" run "$addr" "$gguf" "$iterations" 2 $delay > "$work/b.log" 2>&1 & b=$!
 rc=0
 wait $a || rc=1
 wait $b || rc=1
 cat "$work/a.log" "$work/b.log"
 [ $rc = 0 ] || fail "a client saw wrong bytes or an error"
+ev=$(evictions)
+echo "evictions so far: $ev"
+[ "${ev:-0}" -gt 100 ] || fail "only ${ev:-0} evictions: the cache did not turn over"
+
+echo "== a client killed while its kernels (2 s each) still read released slots"
+"$client" run "$addr" "$gguf" 8 7 2000000000 > "$work/killed.log" 2>&1 & k=$!
+sleep 1.5
+kill -9 $k 2>/dev/null || true
+wait $k 2>/dev/null || true
+timeout 120 "$client" run "$addr" "$gguf" 200 8 $delay > "$work/after.log" 2>&1 \
+  || { cat "$work/after.log"; fail "the daemon did not serve on after a client died mid-kernel"; }
+cat "$work/after.log"
 
 echo "== acquire-to-ready latency (staging path)"
 "$client" latency "$addr" 400 3 || fail "latency pass"
@@ -84,9 +102,9 @@ stop
 
 echo "== direct path (readers.method = mmap, pack mapping registered)"
 start mmap
-grep -q 'pack .*: direct' "$work/daemon.log" || fail "no pack took the direct path"
-"$client" run "$addr" "$gguf" "$iterations" 4 200000 > "$work/c.log" 2>&1 & c=$!
-"$client" run "$addr" "$gguf" "$iterations" 5 200000 > "$work/d.log" 2>&1 & e=$!
+grep -qE 'pack [^ ]+: direct \(' "$work/daemon.log" || fail "no pack took the direct path"
+"$client" run "$addr" "$gguf" "$iterations" 4 $delay > "$work/c.log" 2>&1 & c=$!
+"$client" run "$addr" "$gguf" "$iterations" 5 $delay > "$work/d.log" 2>&1 & e=$!
 rc=0
 wait $c || rc=1
 wait $e || rc=1

@@ -290,6 +290,40 @@ TEST_F(SessionFencesTest, AnEndedSessionsLeasesWaitForItsProcessToExit) {
   EXPECT_TRUE(log_.Take().empty());  // said once
 }
 
+TEST_F(SessionFencesTest, AClientThatDiesWithItsStreamStillOpenIsGoneOnce) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  Peer peer = peer_;
+  peer.pid = child;
+  auto outbox = std::make_shared<QueueOutbox>();
+  auto s = OpenAttached(peer, outbox);
+  ASSERT_TRUE(s);
+  const v1::Grant g = AcquireOne(*s, *outbox, 1, {1});
+  v1::Release rel;
+  rel.set_seq(2);
+  rel.set_lease(g.lease());
+  s->Release(rel);
+  log_.Take();
+  registry_->ReapOnce(absl::Now());
+  EXPECT_TRUE(log_.Take().empty());  // alive: its records are waited for
+  kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  // The stream is still open (another process could hold the socket), the session lives on.
+  registry_->ReapOnce(absl::Now());
+  std::vector<Call> got = log_.Take();
+  ASSERT_EQ(got.size(), model_->handles().size());
+  for (const Call& c : got) EXPECT_EQ(c.what, "gone");
+  registry_->ReapOnce(absl::Now());
+  registry_->End(s);
+  registry_->ReapOnce(absl::Now() + absl::Seconds(31));
+  EXPECT_TRUE(log_.Take().empty());  // said once, also after the stream ended
+}
+
 TEST_F(SessionFencesTest, AnEndedSessionWithNothingHeldIsWatchedUntilTheTtl) {
   auto outbox = std::make_shared<QueueOutbox>();
   auto s = OpenAttached(peer_, outbox);  // pid 0: its exit cannot be seen

@@ -105,10 +105,16 @@ class OpenedEvents final : public CudaSessionEvents {
       : ordinal_(ordinal),
         ready_(std::move(ready)),
         done_(std::move(done)),
+        recorded_(done_.size(), false),
         gens_(static_cast<uint32_t>(ready_.size())) {}
   ~OpenedEvents() override {
-    // IPC-opened events are released with cudaEventDestroy, on their device.
+    // IPC-opened events are released with cudaEventDestroy, on their device. A done event whose
+    // latest record is still pending is waited for first: destroying the event that made the
+    // latest record can leave the daemon's view of it pending for good.
     (void)WithDevice(ordinal_, [this] {
+      for (size_t i = 0; i < done_.size(); ++i) {
+        if (recorded_[i]) (void)cudaEventSynchronize(done_[i].get());
+      }
       ready_.clear();
       done_.clear();
       return absl::OkStatus();
@@ -137,7 +143,9 @@ class OpenedEvents final : public CudaSessionEvents {
     cudaEvent_t done = done_[slot].get();
     return WithDevice(ordinal_, [&] {
       RETURN_IF_ERROR(EXPERTD_CUDA_STATUS(cudaStreamWaitEvent(stream, done, 0)));
-      return EXPERTD_CUDA_STATUS(cudaEventRecord(done, stream));
+      RETURN_IF_ERROR(EXPERTD_CUDA_STATUS(cudaEventRecord(done, stream)));
+      recorded_[slot] = true;
+      return absl::OkStatus();
     });
   }
 
@@ -145,6 +153,7 @@ class OpenedEvents final : public CudaSessionEvents {
   const int ordinal_;
   std::vector<EventOwner> ready_;
   std::vector<EventOwner> done_;
+  std::vector<bool> recorded_;  // done_[i] was recorded at least once (guarded by mu_)
   std::mutex mu_;
   ClientGenerations gens_;
 };

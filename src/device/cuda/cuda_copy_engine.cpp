@@ -57,10 +57,25 @@ void CudaCopyEngine::Kick() {
 
 bool CudaCopyEngine::EligibleLocked(const CopyRequest& request) const {
   for (const FenceWait& w : request.waits) {
-    if (Table(w.fences).ForWait(w.slot, w.generation) == WaitAction::kNotDeclared) return false;
+    const CudaFenceTable& table = Table(w.fences);
+    const WaitAction action = table.ForWait(w.slot, w.generation);
+    if (action == WaitAction::kNotDeclared) return false;
+    if (action != WaitAction::kWaitDoneEvent) continue;
+    // A reader's done record still pending: hold the copy here rather than queue a GPU-side
+    // wait on it. A cudaStreamWaitEvent cannot be withdrawn, and a record of a process that
+    // dies before reaching it may never complete: the copy stream (and every copy behind it,
+    // of every client) would stop for good. Held here, DropSource (the process exited) or the
+    // record completing lets it go; the completion thread re-checks every poll_interval.
+    for (const auto& [keep, done] : table.DoneWaits(w.slot)) {
+      const cudaError_t q = cudaEventQuery(done);
+      if (q == cudaErrorNotReady) return false;
+      // Success, or an error EnqueueOperations reports when it queries again.
+    }
   }
   return true;
 }
+
+bool CudaCopyEngine::WaitingLocked() const { return !queues_[0].empty() || !queues_[1].empty(); }
 
 CudaCopyEngine::Lane* CudaCopyEngine::PrefetchLaneLocked() {
   Lane* best = nullptr;
@@ -105,9 +120,9 @@ absl::Status CudaCopyEngine::EnqueueOperations(const CopyRequest& request, cudaS
     const CudaFenceTable& table = Table(w.fences);
     if (table.ForWait(w.slot, w.generation) != WaitAction::kWaitDoneEvent) continue;
     // One done event per session that declared a read of the slot's previous occupants.
+    // EligibleLocked saw each complete; an event never goes back to pending, so this only
+    // catches errors (and orders the copy after the record, which costs nothing once complete).
     for (const auto& [keep, done] : table.DoneWaits(w.slot)) {
-      // Already complete (the usual case: the client released after its kernels): no GPU
-      // wait, so the stream is not held up behind it.
       const cudaError_t q = cudaEventQuery(done);
       if (q == cudaSuccess) continue;
       if (q != cudaErrorNotReady) {
@@ -220,7 +235,13 @@ void CudaCopyEngine::CompletionLoop() {
     }
     if (!in_flight) {
       if (stopping_) break;
-      work_cv_.wait(lock);
+      if (WaitingLocked()) {
+        // Copies held for a reader's pending done record: nothing wakes us when it completes.
+        work_cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.poll_interval));
+        DispatchLocked();
+      } else {
+        work_cv_.wait(lock);
+      }
       continue;
     }
     // Copies on the GPU, none finished: re-check at once a few times (a copy about to finish is
@@ -233,6 +254,7 @@ void CudaCopyEngine::CompletionLoop() {
       std::this_thread::sleep_for(absl::ToChronoNanoseconds(options_.poll_interval));
     }
     lock.lock();
+    if (!stopping_ && WaitingLocked()) DispatchLocked();
   }
   idle_cv_.notify_all();
 }

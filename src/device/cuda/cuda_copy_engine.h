@@ -6,19 +6,22 @@
 //
 // A copy first waits on the CPU in one of two FIFO queues (demand, prefetch) until every
 // FenceWait is declared (event_generations.h: a done event is trusted only for generations the
-// client declared it recorded). Then it is put on the GPU at once — demand copies all, prefetch
-// copies only while their stream has fewer than `prefetch_in_flight` on the GPU, so a demand
-// copy never queues behind a deep prefetch backlog. On its stream: for each wait whose done
-// event has not completed yet, cudaStreamWaitEvent (no CPU wait); one cudaMemcpyAsync per
-// segment; for each signal a record of the slot's ready IPC event; then a private completion
-// event.
+// client declared it recorded) and every declared done record has completed (cudaEventQuery).
+// It never queues a GPU-side wait on another process's record: such a wait cannot be withdrawn,
+// and the record of a process that dies first may never complete — the copy stream, and every
+// copy of every client behind it, would stop for good. While copies are held, the completion
+// thread re-checks them every `poll_interval` (a record completing wakes nobody). Then a copy is
+// put on the GPU at once — demand copies all, prefetch copies only while their stream has fewer
+// than `prefetch_in_flight` on the GPU, so a demand copy never queues behind a deep prefetch
+// backlog. On its stream: one cudaMemcpyAsync per segment; for each signal a record of the
+// slot's ready IPC event; then a private completion event.
 //
 // Completion: one thread polls the oldest completion event of each stream (cudaEventQuery;
 // events on one stream complete in order) and runs the callbacks. Not cudaLaunchHostFunc: host
 // functions run on a driver thread that must not call CUDA, yet our callbacks submit copies;
 // a host function also holds up its stream while it runs, and one stuck behind a client's done
 // event could not be abandoned at shutdown. Polling costs a cudaEventQuery per stream every
-// `poll_interval` while copies are in flight and nothing when idle.
+// `poll_interval` while copies are in flight or held, and nothing when idle.
 //
 // Thread-safety: every public member is thread-safe. Lock order: engine mutex, then a fence
 // table's mutex; a table calls Kick() after releasing its own.
@@ -86,6 +89,7 @@ class CudaCopyEngine {
   CudaCopyEngine(DeviceContext* ctx, Options options) : ctx_(ctx), options_(options) {}
 
   bool EligibleLocked(const CopyRequest& request) const;
+  bool WaitingLocked() const;  // copies wait on the CPU (for declarations or pending records)
   Lane* PrefetchLaneLocked();
   void DispatchLocked();
   void EnqueueLocked(Job job, Lane& lane, bool prefetch);

@@ -52,6 +52,15 @@ CudaRegisteredStaging::~CudaRegisteredStaging() {
   ctx_->pinned.Release(pinned_bytes_);
 }
 
+bool CudaRegisteredStaging::OneRegion(std::span<const uint8_t> range) const {
+  const auto begin = reinterpret_cast<uintptr_t>(range.data());
+  const uint64_t end = begin + range.size();
+  for (const HostRange& c : chunks_) {
+    if (begin >= c.address && end <= c.address + c.bytes) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<std::vector<EventOwner>> CreateIpcEvents(DeviceContext* ctx, uint32_t n,
                                                         std::string_view what) {
   RETURN_IF_ERROR(ctx->Use());

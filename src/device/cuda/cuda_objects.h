@@ -141,6 +141,7 @@ class CudaRegisteredStaging final : public StagingBuffer {
                         std::vector<HostRange> chunks, uint64_t pinned_bytes)
       : StagingBuffer(memory), ctx_(ctx), chunks_(std::move(chunks)), pinned_bytes_(pinned_bytes) {}
   ~CudaRegisteredStaging() override;
+  bool OneRegion(std::span<const uint8_t> range) const override;
 
  private:
   DeviceContext* ctx_;
