@@ -17,7 +17,9 @@ void Engine::Impl::Enqueue(uint32_t cls, const SlotGrant& g, bool demand) {
   // only grows, so what passed now stays passed.
   f.in_place = in_place_ok && classes[cls].fences->done(g.slot) >= g.wait_done;
   f.direct = !f.in_place && !direct.empty() && DirectOk(f.key);
-  const bool no_segment = f.in_place || f.direct;
+  // Direct prefetches queue like the others (promotion and cancellation work on them, and only
+  // a bounded number is handed to the device at once); direct demand fills start at once.
+  const bool no_segment = f.in_place || (f.direct && demand);
   if (!demand) {
     prefetches[f.id()] =
         PrefetchEntry{f, no_segment ? Stage::kStarting : Stage::kQueued, ReadJobHandle()};
@@ -82,6 +84,11 @@ std::vector<Engine::Impl::Start> Engine::Impl::TakeStartable() {
   for (const Fill& f : in_place_ready) out.push_back(Start{f, kNoSegment});
   in_place_ready.clear();
   while (!demand_q.empty()) {
+    if (demand_q.front().direct) {  // a promoted direct prefetch: no segment needed
+      out.push_back(Start{demand_q.front(), kNoSegment});
+      demand_q.pop_front();
+      continue;
+    }
     const std::optional<uint32_t> seg = ring->TryReserveDemand();
     if (!seg) break;
     out.push_back(Start{demand_q.front(), *seg});
@@ -93,10 +100,19 @@ std::vector<Engine::Impl::Start> Engine::Impl::TakeStartable() {
       prefetch_q.pop_front();  // cancelled or promoted while queued
       continue;
     }
-    const std::optional<uint32_t> seg = ring->TryReservePrefetch();
-    if (!seg) break;
+    uint32_t seg = kNoSegment;
+    if (prefetch_q.front().direct) {
+      // As many direct prefetches at once as the ring has segments: the same bound as staged
+      // ones, so a demand copy never waits behind an unbounded prefetch backlog in the device.
+      if (direct_prefetches >= ring->segments()) break;
+      ++direct_prefetches;
+    } else {
+      const std::optional<uint32_t> reserved = ring->TryReservePrefetch();
+      if (!reserved) break;
+      seg = *reserved;
+    }
     it->second.stage = Stage::kStarting;
-    out.push_back(Start{prefetch_q.front(), *seg});
+    out.push_back(Start{prefetch_q.front(), seg});
     prefetch_q.pop_front();
   }
   fills_in_flight += static_cast<int>(out.size());
@@ -260,6 +276,7 @@ void Engine::Impl::FinishFill(const Fill& f, uint32_t seg, absl::Status st) {
   std::vector<Start> next;
   {
     std::lock_guard<std::mutex> lock(mu);
+    if (f.direct && !f.demand) --direct_prefetches;
     Settle(f, st, &ready);
     if (!stopping) next = TakeStartable();
   }

@@ -118,6 +118,7 @@ struct Engine::Impl {
   uint64_t prefetch_promoted ABSL_GUARDED_BY(mu) = 0;
   int fills_in_flight ABSL_GUARDED_BY(mu) = 0;
   int fills_starting ABSL_GUARDED_BY(mu) = 0;  // taken by TakeStartable, not yet submitted
+  uint32_t direct_prefetches ABSL_GUARDED_BY(mu) = 0;  // direct prefetch fills started, not done
   bool stopping ABSL_GUARDED_BY(mu) = false;
   std::atomic<uint64_t> bytes_copied{0};
   std::atomic<uint64_t> bytes_in_place{0};

@@ -108,6 +108,32 @@ TEST_F(EngineDirectTest, MappedPacksAreCopiedFromTheirRegisteredMapping) {
   EXPECT_GT(s.pool.evictions, 0u);            // slots were overwritten along the way
 }
 
+TEST_F(EngineDirectTest, DirectPrefetchesAreQueuedBoundedAndCorrect) {
+  OpenWith(ReadMethod::kMmap, uint64_t{1} << 40);
+  EngineOptions o = Options(24, "cycle", "history");
+  o.predictor_options.lookahead = 2;
+  o.predictor_options.max_experts = 4;
+  auto engine = MakeEngine(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  // Two token sweeps over every layer with top-2 routing: the history predictor prefetches the
+  // second sweep's experts from the first, through the direct path.
+  for (int token = 0; token < 3; ++token) {
+    for (const MoeLayer& layer : catalog_->layers()) {
+      const std::vector<uint32_t> experts = {static_cast<uint32_t>(token % layer.n_expert),
+                                             static_cast<uint32_t>((token + 3) % layer.n_expert)};
+      auto g = AcquireWithin(**engine, layer.block, experts);
+      ASSERT_TRUE(g.has_value() && g->ok());
+      ASSERT_TRUE(Verify(**engine, **g));
+      oracle_bytes_ += 2 * BundleBytes(layer.block);
+      Done(**engine, **g);
+    }
+  }
+  const EngineStats s = (*engine)->Stats();
+  EXPECT_GT(s.pool.prefetch_issued, 0u);
+  EXPECT_GT(s.bytes_direct, 0u);
+  EXPECT_EQ(s.bytes_read, oracle_bytes_);  // nothing was read into staging, prefetches included
+}
+
 TEST_F(EngineDirectTest, BundlesAcrossTwoRegisteredChunksAreReadIntoStaging) {
   OpenWith(ReadMethod::kMmap, uint64_t{1} << 40, 256 << 10);  // a few times a projection
   auto engine = MakeEngine(4);
