@@ -89,6 +89,10 @@ CudaCopyEngine::Lane* CudaCopyEngine::PrefetchLaneLocked() {
 }
 
 void CudaCopyEngine::DispatchLocked() {
+  if (!WaitingLocked()) return;
+  // Callers are engine, reader, gRPC and completion threads: the queries and copies below need
+  // this device current on the calling thread. A failure shows in EnqueueOperations' statuses.
+  (void)ctx_->Use();
   bool enqueued = false;
   for (auto it = queues_[0].begin(); it != queues_[0].end();) {
     if (!EligibleLocked(it->request)) {
