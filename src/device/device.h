@@ -3,9 +3,9 @@
 // (host memory the readers fill), fence tables (per-slot ready/done generations shared with a
 // client process) and runs asynchronous staging → arena copies with two priorities.
 //
-// Backends: the host device (shared memory, copy threads; device/host/host_device.h) and, later,
-// the CUDA device (cudaMalloc arenas with IPC handles, cudaHostAlloc staging, copy streams with
-// priorities, IPC events). The engine talks to Device only; it never sees #ifdef. What a backend
+// Backends: the host device (shared memory, copy threads; device/host/host_device.h) and
+// the CUDA device (device/cuda_factory.h: cudaMalloc arenas with IPC handles, cudaHostAlloc staging, copy streams with
+// priorities, IPC events, per-session done events). The engine talks to Device only; it never sees #ifdef. What a backend
 // can do is stated by caps(); optional operations default to Unimplemented in exactly one place
 // (device.cpp). See docs/device.md.
 //
@@ -57,7 +57,7 @@ struct Capabilities {
 };
 
 // How another process reaches an exported object. The host device fills `shm_*`; the CUDA
-// device will fill `ipc_handle` (the bytes of a cudaIpcMemHandle_t / cudaIpcEventHandle_t).
+// device fills `ipc_handle` (the bytes of a cudaIpcMemHandle_t / cudaIpcEventHandle_t).
 // Plain data so the gRPC layer can serialize it without knowing the backend.
 struct SharedHandle {
   enum class Kind { kHostShm, kCudaIpc };
