@@ -3,10 +3,11 @@
 // (host memory the readers fill), fence tables (per-slot ready/done generations shared with a
 // client process) and runs asynchronous staging → arena copies with two priorities.
 //
-// Backends: the host device (shared memory, copy threads; device/host/host_device.h) and
-// the CUDA device (device/cuda_factory.h: cudaMalloc arenas with IPC handles, cudaHostAlloc staging, copy streams with
-// priorities, IPC events, per-session done events). The engine talks to Device only; it never sees #ifdef. What a backend
-// can do is stated by caps(); optional operations default to Unimplemented in exactly one place
+// Backends: the host device (shared memory, copy threads; device/host/host_device.h) and the
+// CUDA device (device/cuda_factory.h: cudaMalloc arenas with IPC handles, cudaHostAlloc staging,
+// copy streams with priorities, IPC events, per-session done events). The engine talks to
+// Device only; it never sees #ifdef. What a backend can do is stated by caps(); optional
+// operations default to Unimplemented in exactly one place
 // (device.cpp). See docs/device.md.
 //
 // Lifetimes: arenas, staging buffers and fence tables are owned by the caller (unique_ptr) and
