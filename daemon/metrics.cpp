@@ -76,8 +76,11 @@ std::string RenderMetrics(ServiceState& state) {
           [](const Row& r) { return r.e.pool.prefetch_wasted; });
   counter("expertd_fills_failed_total", "Slot fills that failed (read or copy errors).",
           [](const Row& r) { return r.e.fills_failed; });
-  counter("expertd_copied_bytes_total", "Bytes copied from staging into slots.",
+  counter("expertd_copied_bytes_total", "Bytes that landed in slots (copied or read in place).",
           [](const Row& r) { return r.e.bytes_copied; });
+  counter("expertd_direct_bytes_total",
+          "Of those, bytes copied straight from registered pack mappings (no read).",
+          [](const Row& r) { return r.e.bytes_direct; });
   Header(out, "expertd_pack_read_bytes_total", "counter", "Bytes read from each pack file.");
   for (const Row& r : rows) {
     for (const auto& [pack, bytes] : r.packs) {

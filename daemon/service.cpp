@@ -146,6 +146,7 @@ void AddModelStats(const std::string& name, const ServedModel& model,
   m->set_prefetch_dropped(e.pool.prefetch_dropped);
   m->set_bytes_read(e.bytes_read);
   m->set_bytes_copied(e.bytes_copied);
+  m->set_bytes_direct(e.bytes_direct);
   m->set_fills_failed(e.fills_failed);
   m->set_stall_p50_us(e.stall_p50_us);
   m->set_stall_p99_us(e.stall_p99_us);

@@ -74,6 +74,7 @@ nlohmann::json StatsJson(const v1::GetStatsResponse& r) {
                       {"pack_bytes_read", packs},
                       {"group_bytes_read", groups},
                       {"bytes_copied", m.bytes_copied()},
+                      {"bytes_direct", m.bytes_direct()},
                       {"fills_failed", m.fills_failed()},
                       {"stall_p50_us", m.stall_p50_us()},
                       {"stall_p99_us", m.stall_p99_us()},
@@ -102,9 +103,13 @@ std::string StatsText(const v1::GetStatsResponse& r) {
       absl::StrAppendFormat(&packs, "%s%s %s", packs.empty() ? "" : ", ", b.name(),
                             HumanBytes(b.bytes()));
     }
-    absl::StrAppendFormat(&out, "  read %s%s, copied %s, fills failed %d\n",
+    absl::StrAppendFormat(&out, "  read %s%s, copied %s%s, fills failed %d\n",
                           HumanBytes(m.bytes_read()), packs.empty() ? "" : " (" + packs + ")",
-                          HumanBytes(m.bytes_copied()), m.fills_failed());
+                          HumanBytes(m.bytes_copied()),
+                          m.bytes_direct() > 0
+                              ? absl::StrCat(" (", HumanBytes(m.bytes_direct()), " direct)")
+                              : std::string(),
+                          m.fills_failed());
     absl::StrAppendFormat(
         &out,
         "  stall p50 %.1f us, p99 %.1f us; prefetch issued %d, used %d, wasted %d, dropped %d\n",

@@ -110,6 +110,10 @@ wait $c || rc=1
 wait $e || rc=1
 cat "$work/c.log" "$work/d.log"
 [ $rc = 0 ] || fail "a client saw wrong bytes or an error (direct path)"
+direct=$("$ctl" stats --addr "$addr" --json | grep -o '"bytes_direct": *[0-9]*' | head -1 |
+  sed 's/.*: *//')
+echo "bytes copied straight from the registered mapping: ${direct:-0}"
+[ "${direct:-0}" -gt 0 ] || fail "no bytes took the direct path"
 echo "== acquire-to-ready latency (direct path)"
 "$client" latency "$addr" 400 6 || fail "latency pass (direct path)"
 stop
