@@ -1,0 +1,42 @@
+// The CUDA simulator (tests/cudasim): a stand-in for the CUDA runtime, linked into copies of the
+// daemon, the CLI and the GPU tests so the CUDA backend's code runs end to end on machines
+// without a GPU (CI). docs/device.md, "The CUDA simulator", says what it models and what not.
+//
+// Device memory is a memfd mapped twice: the address handed out as the "device pointer" is
+// mapped PROT_NONE, so host code that dereferences device memory faults as it would on a GPU;
+// the simulator copies through a second, private mapping. Streams are worker threads that run
+// their operations in order; events are counters in a process-shared memfd, so IPC events and
+// cudaStreamWaitEvent across processes behave like the real ones, including "an event never
+// recorded counts as complete". IPC memory and event handles name the exporter's pid and fd
+// and are opened through /proc/PID/fd.
+//
+// Configuration, read once from the environment at the first call:
+//   EXPERTD_CUDASIM_DEVICES=N          visible devices (default 1; 0 = no device)
+//   EXPERTD_CUDASIM_MEMORY_MIB=N       memory of each device (default 8192)
+//   EXPERTD_CUDASIM_COPY_DELAY_US=N    each copy and simulated kernel first sleeps N µs on its
+//                                      stream (default 0): widens the window in which a copy
+//                                      racing a reader would be caught
+//   EXPERTD_CUDASIM_FAIL_AFTER_COPIES=N after N copies in this process, the context fails with
+//                                      the sticky cudaErrorIllegalAddress (default: never)
+//   EXPERTD_CUDASIM_PAGEABLE=error     an async host-to-device copy from memory that is neither
+//                                      cudaHostAlloc'd nor cudaHostRegister'd fails with
+//                                      cudaErrorInvalidValue (default: allowed, as in CUDA)
+//   EXPERTD_CUDASIM_READ_ONLY_REGISTER=0  devices report no cudaHostRegisterReadOnly support
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+extern "C" {
+
+// For simulated kernels (queued with cudaLaunchHostFunc): the simulator's host view of `bytes`
+// of device memory at `device_ptr`, or null when that range is not inside one allocation (an
+// out-of-bounds "kernel" read). Only valid inside an operation running on a stream.
+void* expertd_cudasim_device_bytes(const void* device_ptr, size_t bytes);
+
+// Sleeps the configured EXPERTD_CUDASIM_COPY_DELAY_US plus `extra_ns`: what a simulated kernel
+// calls first, so it takes time on its stream like a real one.
+void expertd_cudasim_kernel_delay(unsigned long long extra_ns);
+
+}  // extern "C"

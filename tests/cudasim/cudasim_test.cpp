@@ -1,0 +1,344 @@
+// The CUDA simulator against the CUDA semantics the backend relies on (label cudasim): stream
+// order, events (the never-recorded trap included), cross-process IPC memory and events, the
+// legacy stream's implicit synchronisation, device memory that host code cannot touch, pinned
+// and registered host memory, and the injected sticky error. Cross-process cases re-run this
+// binary as a child (`cudasim_test --child MODE ...`): a fork would lose the stream threads.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cudasim.h"
+
+namespace {
+
+std::string g_self;  // this executable, for child processes
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+// A host function that blocks its stream until opened.
+struct Gate {
+  std::atomic<bool> open{false};
+  std::atomic<bool> ran{false};
+  static void Wait(void* p) {
+    auto* g = static_cast<Gate*>(p);
+    while (!g->open.load()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    g->ran.store(true);
+  }
+};
+
+void Mark(void* p) { static_cast<std::atomic<int>*>(p)->fetch_add(1); }
+
+std::string Hex(const void* p, size_t n) {
+  std::string s;
+  char b[3];
+  for (size_t i = 0; i < n; ++i) {
+    std::snprintf(b, sizeof b, "%02x", static_cast<const unsigned char*>(p)[i]);
+    s += b;
+  }
+  return s;
+}
+
+std::vector<unsigned char> Unhex(const std::string& s) {
+  std::vector<unsigned char> out(s.size() / 2);
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = static_cast<unsigned char>(std::stoi(s.substr(2 * i, 2), nullptr, 16));
+  }
+  return out;
+}
+
+// Runs `cudasim_test --child args...` with `env` added; returns its exit status (or 128+signal).
+int RunChild(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    for (const std::string& e : env) ::putenv(const_cast<char*>(e.c_str()));
+    std::vector<char*> argv{const_cast<char*>(g_self.c_str()), const_cast<char*>("--child")};
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(g_self.c_str(), argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(CudaSim, NeverRecordedEventCountsAsComplete) {
+  cudaEvent_t e = nullptr;
+  CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  EXPECT_EQ(cudaEventQuery(e), cudaSuccess);
+  cudaStream_t s = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Gate gate;
+  CUDA_OK(cudaLaunchHostFunc(s, Gate::Wait, &gate));
+  CUDA_OK(cudaEventRecord(e, s));
+  EXPECT_EQ(cudaEventQuery(e), cudaErrorNotReady);
+  EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady);
+  gate.open = true;
+  CUDA_OK(cudaEventSynchronize(e));
+  EXPECT_TRUE(gate.ran.load());
+  EXPECT_EQ(cudaEventQuery(e), cudaSuccess);
+  CUDA_OK(cudaStreamDestroy(s));
+  CUDA_OK(cudaEventDestroy(e));
+  EXPECT_EQ(cudaEventQuery(e), cudaErrorInvalidResourceHandle);  // destroyed: not a live event
+  (void)cudaGetLastError();
+}
+
+TEST(CudaSim, StreamWaitEventOrdersAnotherStream) {
+  cudaStream_t a = nullptr;
+  cudaStream_t b = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  cudaEvent_t e = nullptr;
+  CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  Gate gate;
+  std::atomic<int> after{0};
+  CUDA_OK(cudaLaunchHostFunc(a, Gate::Wait, &gate));
+  CUDA_OK(cudaEventRecord(e, a));
+  CUDA_OK(cudaStreamWaitEvent(b, e, 0));
+  CUDA_OK(cudaLaunchHostFunc(b, Mark, &after));
+  // A later record does not change what b waits for (the record that was latest at the wait).
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(after.load(), 0) << "b ran past its wait before a's record completed";
+  gate.open = true;
+  CUDA_OK(cudaStreamSynchronize(b));
+  EXPECT_EQ(after.load(), 1);
+  CUDA_OK(cudaStreamDestroy(a));
+  CUDA_OK(cudaStreamDestroy(b));
+  CUDA_OK(cudaEventDestroy(e));
+}
+
+TEST(CudaSim, LegacyStreamWaitsForBlockingStreamsNotNonBlockingOnes) {
+  cudaStream_t blocking = nullptr;
+  cudaStream_t non_blocking = nullptr;
+  CUDA_OK(cudaStreamCreate(&blocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&non_blocking, cudaStreamNonBlocking));
+  Gate g1;
+  Gate g2;
+  std::atomic<int> legacy_ran{0};
+  CUDA_OK(cudaLaunchHostFunc(non_blocking, Gate::Wait, &g1));
+  CUDA_OK(cudaLaunchHostFunc(blocking, Gate::Wait, &g2));
+  CUDA_OK(cudaLaunchHostFunc(cudaStreamLegacy, Mark, &legacy_ran));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(legacy_ran.load(), 0) << "the legacy stream ran before a blocking stream's work";
+  g2.open = true;
+  CUDA_OK(cudaStreamSynchronize(cudaStreamLegacy));
+  EXPECT_EQ(legacy_ran.load(), 1) << "the legacy stream waited for a non-blocking stream";
+  g1.open = true;
+  CUDA_OK(cudaStreamSynchronize(non_blocking));
+  CUDA_OK(cudaStreamDestroy(blocking));
+  CUDA_OK(cudaStreamDestroy(non_blocking));
+}
+
+TEST(CudaSim, DeviceMemoryRoundTripsAndFaultsOnHostAccess) {
+  void* d = nullptr;
+  CUDA_OK(cudaMalloc(&d, 1 << 20));
+  std::vector<unsigned char> in(1 << 20);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<unsigned char>(i * 7 + 3);
+  CUDA_OK(cudaMemcpy(d, in.data(), in.size(), cudaMemcpyHostToDevice));
+  std::vector<unsigned char> out(in.size());
+  CUDA_OK(cudaMemcpy(out.data(), d, out.size(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(in, out);
+  // A kind that contradicts the pointers is refused.
+  EXPECT_EQ(cudaMemcpy(d, in.data(), 16, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  // Host code reading device memory faults, as on a GPU (checked in a forked child: no CUDA
+  // call after the fork).
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    volatile unsigned char c = *static_cast<volatile unsigned char*>(d);
+    (void)c;
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) << "status " << status;
+  CUDA_OK(cudaFree(d));
+  EXPECT_EQ(cudaFree(d), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+}
+
+TEST(CudaSim, PageableSourceIsStagedAtTheCall) {
+  void* d = nullptr;
+  CUDA_OK(cudaMalloc(&d, 4096));
+  cudaStream_t s = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Gate gate;
+  CUDA_OK(cudaLaunchHostFunc(s, Gate::Wait, &gate));
+  std::vector<unsigned char> src(4096, 0xAB);
+  CUDA_OK(cudaMemcpyAsync(d, src.data(), src.size(), cudaMemcpyHostToDevice, s));
+  std::fill(src.begin(), src.end(), 0x11);  // after the call: must not reach the device
+  gate.open = true;
+  std::vector<unsigned char> back(4096);
+  CUDA_OK(cudaMemcpyAsync(back.data(), d, back.size(), cudaMemcpyDeviceToHost, s));
+  // Into pageable memory the call returned only once the copy was done.
+  EXPECT_EQ(back, std::vector<unsigned char>(4096, 0xAB));
+  CUDA_OK(cudaStreamDestroy(s));
+  CUDA_OK(cudaFree(d));
+}
+
+TEST(CudaSim, HostRegistrationRules) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  void* m = ::mmap(nullptr, 8 * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* p = static_cast<unsigned char*>(m);
+  CUDA_OK(cudaHostRegister(p, 4 * page, cudaHostRegisterReadOnly));
+  EXPECT_EQ(cudaHostRegister(p + 2 * page, 4 * page, 0), cudaErrorHostMemoryAlreadyRegistered);
+  EXPECT_EQ(cudaHostUnregister(p + page), cudaErrorHostMemoryNotRegistered);
+  CUDA_OK(cudaHostUnregister(p));
+  ::munmap(m, 8 * page);
+  // An unmapped range cannot be registered.
+  EXPECT_EQ(cudaHostRegister(p, page, 0), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+}
+
+TEST(CudaSim, IpcMemoryAndEventsAcrossProcesses) {
+  constexpr size_t kBytes = 3 << 20;
+  void* d = nullptr;
+  CUDA_OK(cudaMalloc(&d, kBytes));
+  std::vector<unsigned char> in(kBytes);
+  for (size_t i = 0; i < kBytes; ++i) in[i] = static_cast<unsigned char>(i ^ (i >> 11));
+  CUDA_OK(cudaMemcpy(d, in.data(), kBytes, cudaMemcpyHostToDevice));
+  cudaIpcMemHandle_t mh{};
+  CUDA_OK(cudaIpcGetMemHandle(&mh, d));
+  void* same = nullptr;
+  EXPECT_EQ(cudaIpcOpenMemHandle(&same, mh, cudaIpcMemLazyEnablePeerAccess),
+            cudaErrorDeviceUninitialized)
+      << "CUDA refuses to open a memory handle in the exporting process";
+  (void)cudaGetLastError();
+  cudaEvent_t done = nullptr;
+  CUDA_OK(cudaEventCreateWithFlags(&done, cudaEventInterprocess | cudaEventDisableTiming));
+  cudaIpcEventHandle_t eh{};
+  CUDA_OK(cudaIpcGetEventHandle(&eh, done));
+  // The child checks the bytes through its own mapping, writes a marker, and records `done`
+  // on its stream after a 300 ms host function: this process must see the record pending, then
+  // complete, and the marker only after it.
+  std::thread child([&] {
+    EXPECT_EQ(RunChild({"ipc", Hex(&mh, sizeof mh), Hex(&eh, sizeof eh), std::to_string(kBytes)}),
+              0);
+  });
+  bool saw_pending = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const cudaError_t q = cudaEventQuery(done);
+    if (q == cudaErrorNotReady) saw_pending = true;
+    if (q == cudaSuccess && saw_pending) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  child.join();
+  EXPECT_TRUE(saw_pending) << "the child's record never showed as pending here";
+  EXPECT_EQ(cudaEventQuery(done), cudaSuccess);
+  unsigned char marker = 0;
+  CUDA_OK(cudaMemcpy(&marker, d, 1, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(marker, 0x5A) << "the child's write through its IPC mapping is not visible here";
+  CUDA_OK(cudaEventDestroy(done));
+  CUDA_OK(cudaFree(d));
+}
+
+TEST(CudaSim, InjectedStickyErrorFailsEveryLaterCall) {
+  EXPECT_EQ(RunChild({"sticky"}, {"EXPERTD_CUDASIM_FAIL_AFTER_COPIES=2"}), 0);
+}
+
+TEST(CudaSim, NoDeviceConfigured) {
+  EXPECT_EQ(RunChild({"no-device"}, {"EXPERTD_CUDASIM_DEVICES=0"}), 0);
+}
+
+// ---- child modes: exit 0 when every check held, else print what failed and exit 1.
+
+#define CHILD_CHECK(cond)                                              \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      std::fprintf(stderr, "child check failed: %s (line %d)\n", #cond, __LINE__); \
+      return 1;                                                        \
+    }                                                                  \
+  } while (0)
+
+int ChildIpc(const std::string& mem_hex, const std::string& event_hex, size_t bytes) {
+  cudaIpcMemHandle_t mh{};
+  cudaIpcEventHandle_t eh{};
+  const std::vector<unsigned char> m = Unhex(mem_hex);
+  const std::vector<unsigned char> e = Unhex(event_hex);
+  std::memcpy(&mh, m.data(), sizeof mh);
+  std::memcpy(&eh, e.data(), sizeof eh);
+  void* d = nullptr;
+  CHILD_CHECK(cudaIpcOpenMemHandle(&d, mh, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess);
+  void* again = nullptr;
+  CHILD_CHECK(cudaIpcOpenMemHandle(&again, mh, 0) == cudaErrorAlreadyMapped);
+  std::vector<unsigned char> back(bytes);
+  CHILD_CHECK(cudaMemcpy(back.data(), d, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+  for (size_t i = 0; i < bytes; ++i) {
+    CHILD_CHECK(back[i] == static_cast<unsigned char>(i ^ (i >> 11)));
+  }
+  cudaEvent_t done = nullptr;
+  CHILD_CHECK(cudaIpcOpenEventHandle(&done, eh) == cudaSuccess);
+  cudaStream_t s = nullptr;
+  CHILD_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  static std::atomic<int> slept{0};
+  CHILD_CHECK(cudaLaunchHostFunc(
+                  s,
+                  [](void*) {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                    slept = 1;
+                  },
+                  nullptr) == cudaSuccess);
+  const unsigned char marker = 0x5A;
+  CHILD_CHECK(cudaMemcpyAsync(d, &marker, 1, cudaMemcpyHostToDevice, s) == cudaSuccess);
+  CHILD_CHECK(cudaEventRecord(done, s) == cudaSuccess);
+  CHILD_CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+  CHILD_CHECK(slept.load() == 1);
+  CHILD_CHECK(cudaEventDestroy(done) == cudaSuccess);
+  CHILD_CHECK(cudaIpcCloseMemHandle(d) == cudaSuccess);
+  return 0;
+}
+
+int ChildSticky() {
+  void* d = nullptr;
+  CHILD_CHECK(cudaMalloc(&d, 4096) == cudaSuccess);
+  unsigned char b[16] = {};
+  CHILD_CHECK(cudaMemcpy(d, b, sizeof b, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHILD_CHECK(cudaMemcpy(b, d, sizeof b, cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHILD_CHECK(cudaMemcpy(d, b, sizeof b, cudaMemcpyHostToDevice) == cudaErrorIllegalAddress);
+  cudaEvent_t e = nullptr;
+  CHILD_CHECK(cudaEventCreate(&e) == cudaErrorIllegalAddress);
+  CHILD_CHECK(cudaGetLastError() == cudaErrorIllegalAddress);
+  CHILD_CHECK(cudaGetLastError() == cudaErrorIllegalAddress);  // sticky: not cleared
+  CHILD_CHECK(std::string(cudaGetErrorName(cudaErrorIllegalAddress)) == "cudaErrorIllegalAddress");
+  return 0;
+}
+
+int ChildNoDevice() {
+  int n = -1;
+  CHILD_CHECK(cudaGetDeviceCount(&n) == cudaErrorNoDevice);
+  CHILD_CHECK(n == 0);
+  CHILD_CHECK(cudaSetDevice(0) == cudaErrorInvalidDevice);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  g_self = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string(argv[0]);
+  if (argc >= 3 && std::string(argv[1]) == "--child") {
+    const std::string mode = argv[2];
+    if (mode == "ipc" && argc == 6) return ChildIpc(argv[3], argv[4], std::stoull(argv[5]));
+    if (mode == "sticky") return ChildSticky();
+    if (mode == "no-device") return ChildNoDevice();
+    return 2;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
