@@ -114,7 +114,9 @@ void CudaCopyEngine::DispatchLocked() {
     it = queues_[1].erase(it);
     enqueued = true;
   }
-  if (enqueued) work_cv_.notify_one();
+  // Copies still held need the completion thread polling (nothing signals a done record's
+  // completion); it may be in its untimed wait, so wake it for them too.
+  if (enqueued || WaitingLocked()) work_cv_.notify_one();
 }
 
 absl::Status CudaCopyEngine::EnqueueOperations(const CopyRequest& request, cudaStream_t stream,
