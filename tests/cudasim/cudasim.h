@@ -39,4 +39,8 @@ void* expertd_cudasim_device_bytes(const void* device_ptr, size_t bytes);
 // calls first, so it takes time on its stream like a real one.
 void expertd_cudasim_kernel_delay(unsigned long long extra_ns);
 
+// What this process has open from other processes: IPC memory handles (cudaIpcOpenMemHandle
+// not yet closed) and IPC events (cudaIpcOpenEventHandle not yet destroyed).
+void expertd_cudasim_open_imports(int* memory_handles, int* events);
+
 }  // extern "C"

@@ -43,7 +43,7 @@ grep -E 'critical|error' "$work/daemon.log" | cut -c1-400 | head -5
 [ $rc = 3 ] || fail "daemon exit status $rc, expected 3"
 grep -q 'device cuda:0 failed: .*cudaErrorIllegalAddress' "$work/daemon.log" \
   || fail "no log line naming the device and the CUDA error"
-grep -qE 'cuda[A-Za-z]+\(.*\) failed at [a-z_/]+\.cpp:[0-9]+' "$work/daemon.log" \
+grep -qE 'cuda[A-Za-z]+\(.*\) failed at src/[a-z_/]+\.(cpp|h):[0-9]+' "$work/daemon.log" \
   || fail "the error does not name the failed call and its file:line"
 grep -q 'injected sticky cudaErrorIllegalAddress' "$work/daemon.log" \
   || fail "the simulator did not inject the error (the test proves nothing)"

@@ -215,6 +215,13 @@ void* expertd_cudasim_device_bytes(const void* device_ptr, size_t bytes) {
   return R().Shadow(device_ptr, bytes);
 }
 
+void expertd_cudasim_open_imports(int* memory_handles, int* events) {
+  std::lock_guard lock(R().mu);
+  *memory_handles = static_cast<int>(R().imported.size());
+  *events = 0;
+  for (const Event* e : R().events) *events += e->imported ? 1 : 0;
+}
+
 void expertd_cudasim_kernel_delay(unsigned long long extra_ns) {
   expertd::cudasim::OperationDelay(extra_ns);
 }

@@ -1,0 +1,129 @@
+// What a CUDA session opens in the client's process, and when it is closed again (the client
+// library's contract, device/cuda_factory.h and client.h): each arena's IPC memory handle once
+// per process however many sessions use it, every session's events, and nothing left open once
+// the last session ended — counted by the CUDA simulator (expertd_cudasim_open_imports).
+//   cudasim_client_lifetime ADDR     against `expertd --demo` on cuda:0 (the simulator's build)
+// Prints what it saw; exit 0 when every check held, 1 otherwise.
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client.h"
+#include "cudasim.h"
+#include "util/hash.h"
+
+namespace {
+
+using expertd::client::Client;
+using expertd::client::Session;
+
+int failures = 0;
+
+void Check(bool ok, const std::string& what) {
+  std::printf("%s: %s\n", ok ? "ok" : "FAIL", what.c_str());
+  if (!ok) ++failures;
+}
+
+std::pair<int, int> Imports() {
+  int memory = 0;
+  int events = 0;
+  expertd_cudasim_open_imports(&memory, &events);
+  return {memory, events};
+}
+
+std::unique_ptr<Session> Open(Client& client, const char* name) {
+  expertd::client::SessionOptions o;
+  o.model = "demo";
+  o.client_name = name;
+  auto s = client.OpenSession(o);
+  if (!s.ok()) {
+    std::printf("FAIL: OpenSession %s: %s\n", name, s.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(s);
+}
+
+// Acquires experts 0 and 1 of the model's first MoE layer, copies every projection back and
+// returns their XXH3s (empty on an error, which is reported).
+std::vector<uint64_t> ReadLayer(Session& s) {
+  const uint32_t layer = s.info().model().moe_layers(0);
+  const std::vector<uint32_t> experts = {0, 1};
+  auto lease = s.Acquire(layer, experts);
+  if (!lease.ok()) {
+    Check(false, absl::StrCat("acquire: ", lease.status().ToString()));
+    return {};
+  }
+  std::vector<uint64_t> sums;
+  absl::Status st = s.WaitReady(*lease, nullptr);
+  for (const auto& slot : lease->slots) {
+    for (size_t p = 0; st.ok() && p < slot.device_projections.size(); ++p) {
+      auto arena = s.arena(slot.slot_class, static_cast<uint32_t>(p));
+      st = arena.status();
+      if (!st.ok()) break;
+      std::vector<uint8_t> bytes(arena->stride);
+      st = s.CopySlot(slot, p, bytes, nullptr);
+      sums.push_back(expertd::Xxh3(bytes));
+    }
+  }
+  if (st.ok()) st = s.RecordDone(*lease, nullptr);
+  if (st.ok()) st = s.Release(*lease);
+  if (!st.ok()) {
+    Check(false, absl::StrCat("reading the layer: ", st.ToString()));
+    return {};
+  }
+  return sums;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: cudasim_client_lifetime ADDR\n");
+    return 2;
+  }
+  expertd::client::ConnectOptions co;
+  co.address = argv[1];
+  auto client = Client::Connect(co);
+  if (!client.ok()) {
+    std::printf("FAIL: connect: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  Check(Imports() == std::make_pair(0, 0), "nothing imported before a session");
+
+  auto a = Open(**client, "lifetime-a");
+  const auto [memory_a, events_a] = Imports();
+  const std::vector<uint64_t> first = ReadLayer(*a);
+  Check(memory_a > 0 && events_a > 0,
+        absl::StrCat("session a: ", memory_a, " arenas and ", events_a, " events open"));
+  Check(!first.empty(), absl::StrCat("session a read ", first.size(), " projections"));
+
+  auto b = Open(**client, "lifetime-b");
+  const auto [memory_ab, events_ab] = Imports();
+  Check(memory_ab == memory_a,
+        absl::StrCat("a second session opens no arena again (", memory_ab, " open)"));
+  Check(events_ab > events_a, absl::StrCat("the second session has its own events (", events_ab,
+                                           " open)"));
+
+  a.reset();  // ends session a; b still uses the same arenas
+  const auto [memory_b, events_b] = Imports();
+  Check(memory_b == memory_a, absl::StrCat("after a ended, its arenas stay open for b (",
+                                           memory_b, " open)"));
+  Check(events_b == events_ab - events_a,
+        absl::StrCat("after a ended, its ", events_a, " events are closed (", events_b,
+                     " open)"));
+  Check(ReadLayer(*b) == first, "session b reads the same bytes through the shared arenas");
+
+  b.reset();
+  Check(Imports() == std::make_pair(0, 0), "nothing left open after the last session ended");
+
+  auto c = Open(**client, "lifetime-c");
+  Check(ReadLayer(*c) == first, "a new session re-opens the arenas and reads the same bytes");
+  c.reset();
+  Check(Imports() == std::make_pair(0, 0), "nothing left open at the end");
+  std::printf("%s (%d failure(s))\n", failures == 0 ? "PASS" : "FAIL", failures);
+  return failures == 0 ? 0 : 1;
+}
