@@ -105,16 +105,15 @@ int main(int argc, char** argv) {
   const auto [memory_ab, events_ab] = Imports();
   Check(memory_ab == memory_a,
         absl::StrCat("a second session opens no arena again (", memory_ab, " open)"));
-  Check(events_ab > events_a, absl::StrCat("the second session has its own events (", events_ab,
-                                           " open)"));
+  Check(events_ab > events_a,
+        absl::StrCat("the second session has its own events (", events_ab, " open)"));
 
   a.reset();  // ends session a; b still uses the same arenas
   const auto [memory_b, events_b] = Imports();
-  Check(memory_b == memory_a, absl::StrCat("after a ended, its arenas stay open for b (",
-                                           memory_b, " open)"));
+  Check(memory_b == memory_a,
+        absl::StrCat("after a ended, its arenas stay open for b (", memory_b, " open)"));
   Check(events_b == events_ab - events_a,
-        absl::StrCat("after a ended, its ", events_a, " events are closed (", events_b,
-                     " open)"));
+        absl::StrCat("after a ended, its ", events_a, " events are closed (", events_b, " open)"));
   Check(ReadLayer(*b) == first, "session b reads the same bytes through the shared arenas");
 
   b.reset();

@@ -3,6 +3,8 @@
 // legacy stream's implicit synchronisation, device memory that host code cannot touch, pinned
 // and registered host memory, and the injected sticky error. Cross-process cases re-run this
 // binary as a child (`cudasim_test --child MODE ...`): a fork would lose the stream threads.
+#include "cudasim.h"
+
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -18,8 +20,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include "cudasim.h"
 
 namespace {
 
@@ -259,12 +259,12 @@ TEST(CudaSim, NoDeviceConfigured) {
 
 // ---- child modes: exit 0 when every check held, else print what failed and exit 1.
 
-#define CHILD_CHECK(cond)                                              \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
+#define CHILD_CHECK(cond)                                                          \
+  do {                                                                             \
+    if (!(cond)) {                                                                 \
       std::fprintf(stderr, "child check failed: %s (line %d)\n", #cond, __LINE__); \
-      return 1;                                                        \
-    }                                                                  \
+      return 1;                                                                    \
+    }                                                                              \
   } while (0)
 
 int ChildIpc(const std::string& mem_hex, const std::string& event_hex, size_t bytes) {

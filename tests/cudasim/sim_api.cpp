@@ -37,11 +37,11 @@ cudaError_t Fail(cudaError_t e) {
 }
 
 // Every call starts here: the configuration is read, and a failed context answers its error.
-#define SIM_ENTER()                                                                  \
-  do {                                                                               \
-    (void)Cfg();                                                                     \
+#define SIM_ENTER()                                                                 \
+  do {                                                                              \
+    (void)Cfg();                                                                    \
     if (const int sticky_ = g_sticky.load(std::memory_order_acquire); sticky_ != 0) \
-      return Fail(static_cast<cudaError_t>(sticky_));                                \
+      return Fail(static_cast<cudaError_t>(sticky_));                               \
   } while (0)
 
 Runtime& R() { return Runtime::Get(); }
@@ -106,12 +106,22 @@ cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cuda
   const bool src_dev = s_shadow != nullptr;
   bool ok = true;
   switch (kind) {
-    case cudaMemcpyHostToDevice: ok = dst_dev && !src_dev; break;
-    case cudaMemcpyDeviceToHost: ok = src_dev && !dst_dev; break;
-    case cudaMemcpyDeviceToDevice: ok = src_dev && dst_dev; break;
-    case cudaMemcpyHostToHost: ok = !src_dev && !dst_dev; break;
-    case cudaMemcpyDefault: break;
-    default: ok = false;
+    case cudaMemcpyHostToDevice:
+      ok = dst_dev && !src_dev;
+      break;
+    case cudaMemcpyDeviceToHost:
+      ok = src_dev && !dst_dev;
+      break;
+    case cudaMemcpyDeviceToDevice:
+      ok = src_dev && dst_dev;
+      break;
+    case cudaMemcpyHostToHost:
+      ok = !src_dev && !dst_dev;
+      break;
+    case cudaMemcpyDefault:
+      break;
+    default:
+      ok = false;
   }
   if (!ok) {
     std::fprintf(stderr, "expertd cudasim: memcpy kind %d does not match %p -> %p (%zu bytes)\n",
@@ -140,7 +150,8 @@ cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cuda
   // Synchronous copies, and async ones into pageable host memory, return once done.
   if (synchronous || (src_dev && !dst_dev && !dst_pinned)) {
     s->WaitFor(position);
-    if (const int sticky = g_sticky.load(); sticky != 0) return Fail(static_cast<cudaError_t>(sticky));
+    if (const int sticky = g_sticky.load(); sticky != 0)
+      return Fail(static_cast<cudaError_t>(sticky));
   }
   return cudaSuccess;
 }
@@ -161,40 +172,67 @@ cudaError_t Memset(void* dst, int value, size_t n, cudaStream_t stream) {
 
 const char* ErrorName(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNotReady: return "cudaErrorNotReady";
-    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
-    case cudaErrorAlreadyMapped: return "cudaErrorAlreadyMapped";
-    case cudaErrorDeviceUninitialized: return "cudaErrorDeviceUninitialized";
-    case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
-    case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
-    case cudaErrorNotSupported: return "cudaErrorNotSupported";
-    default: return "cudaErrorUnknown";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress:
+      return "cudaErrorIllegalAddress";
+    case cudaErrorAlreadyMapped:
+      return "cudaErrorAlreadyMapped";
+    case cudaErrorDeviceUninitialized:
+      return "cudaErrorDeviceUninitialized";
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return "cudaErrorHostMemoryAlreadyRegistered";
+    case cudaErrorHostMemoryNotRegistered:
+      return "cudaErrorHostMemoryNotRegistered";
+    case cudaErrorNotSupported:
+      return "cudaErrorNotSupported";
+    default:
+      return "cudaErrorUnknown";
   }
 }
 
 const char* ErrorText(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorNotReady: return "device not ready";
-    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
-    case cudaErrorAlreadyMapped: return "resource already mapped";
-    case cudaErrorDeviceUninitialized: return "invalid device context";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorNotReady:
+      return "device not ready";
+    case cudaErrorIllegalAddress:
+      return "an illegal memory access was encountered";
+    case cudaErrorAlreadyMapped:
+      return "resource already mapped";
+    case cudaErrorDeviceUninitialized:
+      return "invalid device context";
     case cudaErrorHostMemoryAlreadyRegistered:
       return "part or all of the requested memory range is already mapped";
-    case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered memory region";
-    case cudaErrorNotSupported: return "operation not supported";
-    default: return "unknown error (simulated runtime)";
+    case cudaErrorHostMemoryNotRegistered:
+      return "pointer does not correspond to a registered memory region";
+    case cudaErrorNotSupported:
+      return "operation not supported";
+    default:
+      return "unknown error (simulated runtime)";
   }
 }
 

@@ -35,9 +35,10 @@ const Config& Cfg() {
     c.memory_bytes = EnvNumber("EXPERTD_CUDASIM_MEMORY_MIB", 8192) << 20;
     c.copy_delay_us = EnvNumber("EXPERTD_CUDASIM_COPY_DELAY_US", 0);
     const char* fail = std::getenv("EXPERTD_CUDASIM_FAIL_AFTER_COPIES");
-    c.fail_after_copies = fail != nullptr && *fail != '\0'
-                              ? static_cast<int64_t>(EnvNumber("EXPERTD_CUDASIM_FAIL_AFTER_COPIES", 0))
-                              : -1;
+    c.fail_after_copies =
+        fail != nullptr && *fail != '\0'
+            ? static_cast<int64_t>(EnvNumber("EXPERTD_CUDASIM_FAIL_AFTER_COPIES", 0))
+            : -1;
     const char* pageable = std::getenv("EXPERTD_CUDASIM_PAGEABLE");
     c.pageable_h2d_is_error = pageable != nullptr && std::string(pageable) == "error";
     c.read_only_register = EnvNumber("EXPERTD_CUDASIM_READ_ONLY_REGISTER", 1) != 0;

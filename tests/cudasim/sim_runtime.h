@@ -112,8 +112,8 @@ class Runtime {
   std::map<uintptr_t, HostRange> host;          // pinned host ranges by start
   std::map<Stream*, std::shared_ptr<Stream>> streams;
   std::set<Event*> events;
-  std::vector<std::shared_ptr<Stream>> legacy;  // per device, created on first use
-  std::vector<uint64_t> device_used;            // bytes allocated per device
+  std::vector<std::shared_ptr<Stream>> legacy;               // per device, created on first use
+  std::vector<uint64_t> device_used;                         // bytes allocated per device
   std::map<std::pair<pid_t, uint64_t>, uintptr_t> imported;  // (exporter, key) -> base
   std::map<std::pair<pid_t, int>, EventState*> peer_pools;
   int pool_fd = -1;
@@ -161,6 +161,6 @@ static_assert(sizeof(HandleBytes) == 64);
 constexpr char kMemoryMagic[8] = {'X', 'D', 'S', 'I', 'M', 'M', 'E', 'M'};
 constexpr char kEventMagic[8] = {'X', 'D', 'S', 'I', 'M', 'E', 'V', 'T'};
 constexpr uint32_t kPoolEvents = uint32_t{1} << 20;  // 64 MiB of address space, touched lazily
-constexpr uint64_t kHeaderBytes = 4096;               // before each allocation's bytes
+constexpr uint64_t kHeaderBytes = 4096;              // before each allocation's bytes
 
 }  // namespace expertd::cudasim
