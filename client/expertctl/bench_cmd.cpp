@@ -40,6 +40,7 @@ struct BenchArgs {
   std::string trace;
   uint32_t sessions = 1;
   std::string model;
+  std::string device;  // "" = the model's default device
   std::string gguf;
   uint64_t limit = 0;  // groups per session; 0 = the whole trace
   bool json = false;
@@ -249,11 +250,13 @@ int RunBench(const BenchArgs& a) {
   for (uint32_t i = 0; i < a.sessions; ++i) {
     client::SessionOptions so;
     so.model = model->name();
+    so.device = a.device;
     so.client_name = absl::StrCat("expertctl-bench/", i);
     absl::StatusOr<std::unique_ptr<client::Session>> s = (*c)->OpenSession(so);
     if (!s.ok()) return fail(s.status());
     sessions.push_back(*std::move(s));
   }
+  const std::string device_name = sessions[0]->info().device();
   if (absl::Status st = CheckTrace(a.trace, groups, *model,
                                    sessions[0]->info().limits().max_experts_per_acquire());
       !st.ok()) {
@@ -324,9 +327,10 @@ int RunBench(const BenchArgs& a) {
               << "\n";
   } else {
     std::printf(
-        "bench %s on model %s: %u session(s) x %zu of the trace's %zu acquires, "
+        "bench %s on model %s (device %s): %u session(s) x %zu of the trace's %zu acquires, "
         "session i starting i/%u of the way in\n",
-        a.trace.c_str(), model->name().c_str(), a.sessions, per_session, groups.size(), a.sessions);
+        a.trace.c_str(), model->name().c_str(), device_name.c_str(), a.sessions, per_session,
+        groups.size(), a.sessions);
     std::printf(
         "  hit rate    %.3f (%llu of %llu granted slots resident; %llu experts requested)\n",
         hit_rate, static_cast<unsigned long long>(all.hits),
@@ -364,6 +368,8 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(1u, 256u));
   cmd->add_option("--model", a->model, "Served model (default: the only one)");
+  cmd->add_option("--device", a->device,
+                  "Device the sessions use, e.g. cuda:1 (default: the model's first device)");
   cmd->add_option("--gguf", a->gguf,
                   "The model file the daemon serves (any shard): verify every granted slot");
   cmd->add_option("--limit", a->limit, "Acquires per session (default: the whole trace)");
