@@ -1,6 +1,8 @@
 // The CUDA simulator's C functions: the subset of the CUDA runtime API that expertd, its client
 // library and its GPU tests call, with the same names and signatures (cuda_runtime_api.h), so
-// linking this file in place of libcudart runs them without a GPU (see cudasim.h).
+// linking the simulator in place of libcudart runs them without a GPU (see cudasim.h). This file:
+// errors, devices, device memory and IPC memory handles, pinned and registered host memory;
+// sim_streams.cpp: streams, copies and events.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -16,55 +18,20 @@
 using expertd::cudasim::Allocation;
 using expertd::cudasim::Cfg;
 using expertd::cudasim::Event;
-using expertd::cudasim::EventState;
+using expertd::cudasim::Fail;
 using expertd::cudasim::g_sticky;
 using expertd::cudasim::HandleBytes;
 using expertd::cudasim::HostRange;
-using expertd::cudasim::kEventMagic;
 using expertd::cudasim::kHeaderBytes;
 using expertd::cudasim::kMemoryMagic;
-using expertd::cudasim::kPoolEvents;
-using expertd::cudasim::Runtime;
-using expertd::cudasim::Stream;
+using expertd::cudasim::OpenPeerFd;
+using expertd::cudasim::R;
 using expertd::cudasim::t_device;
 using expertd::cudasim::t_last_error;
 
 namespace {
 
-cudaError_t Fail(cudaError_t e) {
-  t_last_error = e;
-  return e;
-}
-
-// Every call starts here: the configuration is read, and a failed context answers its error.
-#define SIM_ENTER()                                                                 \
-  do {                                                                              \
-    (void)Cfg();                                                                    \
-    if (const int sticky_ = g_sticky.load(std::memory_order_acquire); sticky_ != 0) \
-      return Fail(static_cast<cudaError_t>(sticky_));                               \
-  } while (0)
-
-Runtime& R() { return Runtime::Get(); }
-
 bool ValidDevice(int d) { return d >= 0 && d < Cfg().devices; }
-
-Event* LiveEvent(cudaEvent_t e) {
-  auto* ev = reinterpret_cast<Event*>(e);
-  std::lock_guard lock(R().mu);
-  return R().events.contains(ev) ? ev : nullptr;
-}
-
-bool EventComplete(const EventState* st) {
-  return st->completed.load(std::memory_order_acquire) >=
-         st->recorded.load(std::memory_order_acquire);
-}
-
-void MarkComplete(EventState* st, uint64_t seq) {
-  uint64_t c = st->completed.load(std::memory_order_acquire);
-  while (c < seq && !st->completed.compare_exchange_weak(c, seq)) {
-  }
-}
-
 // Maps `bytes` of an allocation file twice: the PROT_NONE "device" view and the shadow.
 cudaError_t MapAllocation(int fd, uint64_t bytes, void** device, uint8_t** shadow) {
   void* d = ::mmap(nullptr, bytes, PROT_NONE, MAP_SHARED, fd, kHeaderBytes);
@@ -78,98 +45,6 @@ cudaError_t MapAllocation(int fd, uint64_t bytes, void** device, uint8_t** shado
   *shadow = static_cast<uint8_t*>(s);
   return cudaSuccess;
 }
-
-int OpenPeerFd(pid_t pid, int fd) {
-  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-  return ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-}
-
-// A copy's or memset's two sides: device ranges resolved to the shadow, host ranges as given.
-cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream,
-                 bool synchronous) {
-  SIM_ENTER();
-  std::shared_ptr<Stream> s = R().Resolve(stream);
-  if (!s) return Fail(cudaErrorInvalidResourceHandle);
-  if (n == 0) return cudaSuccess;
-  uint8_t* d_shadow = nullptr;
-  const uint8_t* s_shadow = nullptr;
-  bool src_pinned = false;
-  bool dst_pinned = false;
-  {
-    std::lock_guard lock(R().mu);
-    d_shadow = R().Shadow(dst, n);
-    s_shadow = R().Shadow(src, n);
-    src_pinned = R().Pinned(src, n);
-    dst_pinned = R().Pinned(dst, n);
-  }
-  const bool dst_dev = d_shadow != nullptr;
-  const bool src_dev = s_shadow != nullptr;
-  bool ok = true;
-  switch (kind) {
-    case cudaMemcpyHostToDevice:
-      ok = dst_dev && !src_dev;
-      break;
-    case cudaMemcpyDeviceToHost:
-      ok = src_dev && !dst_dev;
-      break;
-    case cudaMemcpyDeviceToDevice:
-      ok = src_dev && dst_dev;
-      break;
-    case cudaMemcpyHostToHost:
-      ok = !src_dev && !dst_dev;
-      break;
-    case cudaMemcpyDefault:
-      break;
-    default:
-      ok = false;
-  }
-  if (!ok) {
-    std::fprintf(stderr, "expertd cudasim: memcpy kind %d does not match %p -> %p (%zu bytes)\n",
-                 static_cast<int>(kind), src, dst, n);
-    return Fail(cudaErrorInvalidValue);
-  }
-  uint8_t* to = dst_dev ? d_shadow : static_cast<uint8_t*>(dst);
-  const uint8_t* from = src_dev ? s_shadow : static_cast<const uint8_t*>(src);
-  // Pageable host source: CUDA stages it before returning, so the caller may reuse it at once.
-  std::shared_ptr<std::vector<uint8_t>> staged;
-  if (!src_dev && dst_dev && !src_pinned && !synchronous) {
-    if (Cfg().pageable_h2d_is_error) {
-      std::fprintf(stderr,
-                   "expertd cudasim: async host-to-device copy from pageable memory %p (%zu "
-                   "bytes): neither cudaHostAlloc'd nor cudaHostRegister'd\n",
-                   src, n);
-      return Fail(cudaErrorInvalidValue);
-    }
-    staged = std::make_shared<std::vector<uint8_t>>(from, from + n);
-    from = staged->data();
-  }
-  const uint64_t position = R().Enqueue(s, [to, from, n, staged] {
-    expertd::cudasim::OperationDelay(0);
-    if (expertd::cudasim::CountCopy()) std::memcpy(to, from, n);
-  });
-  // Synchronous copies, and async ones into pageable host memory, return once done.
-  if (synchronous || (src_dev && !dst_dev && !dst_pinned)) {
-    s->WaitFor(position);
-    if (const int sticky = g_sticky.load(); sticky != 0)
-      return Fail(static_cast<cudaError_t>(sticky));
-  }
-  return cudaSuccess;
-}
-
-cudaError_t Memset(void* dst, int value, size_t n, cudaStream_t stream) {
-  SIM_ENTER();
-  std::shared_ptr<Stream> s = R().Resolve(stream);
-  if (!s) return Fail(cudaErrorInvalidResourceHandle);
-  uint8_t* to = nullptr;
-  {
-    std::lock_guard lock(R().mu);
-    to = R().Shadow(dst, n);
-  }
-  if (to == nullptr) return Fail(cudaErrorInvalidValue);
-  R().Enqueue(s, [to, value, n] { std::memset(to, value, n); });
-  return cudaSuccess;
-}
-
 const char* ErrorName(cudaError_t e) {
   switch (e) {
     case cudaSuccess:
@@ -235,7 +110,6 @@ const char* ErrorText(cudaError_t e) {
       return "unknown error (simulated runtime)";
   }
 }
-
 }  // namespace
 
 extern "C" {
@@ -524,220 +398,5 @@ cudaError_t cudaHostUnregister(void* ptr) {
     return Fail(cudaErrorHostMemoryNotRegistered);
   }
   R().host.erase(it);
-  return cudaSuccess;
-}
-
-// ---- streams
-
-cudaError_t cudaStreamCreateWithPriority(cudaStream_t* pStream, unsigned int flags, int) {
-  SIM_ENTER();
-  auto s = Stream::Start(t_device, (flags & cudaStreamNonBlocking) == 0, /*legacy=*/false);
-  std::lock_guard lock(R().mu);
-  R().streams[s.get()] = s;
-  *pStream = reinterpret_cast<cudaStream_t>(s.get());
-  return cudaSuccess;
-}
-
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
-  return cudaStreamCreateWithPriority(pStream, flags, 0);
-}
-
-cudaError_t cudaStreamCreate(cudaStream_t* pStream) {
-  return cudaStreamCreateWithPriority(pStream, cudaStreamDefault, 0);
-}
-
-cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  SIM_ENTER();
-  std::lock_guard lock(R().mu);
-  auto it = R().streams.find(reinterpret_cast<Stream*>(stream));
-  if (it == R().streams.end()) return Fail(cudaErrorInvalidResourceHandle);
-  it->second->Close();  // queued work still runs, as in CUDA
-  R().streams.erase(it);
-  return cudaSuccess;
-}
-
-cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  SIM_ENTER();
-  std::shared_ptr<Stream> s = R().Resolve(stream);
-  if (!s) return Fail(cudaErrorInvalidResourceHandle);
-  s->WaitFor(s->enqueued());
-  SIM_ENTER();
-  return cudaSuccess;
-}
-
-cudaError_t cudaStreamQuery(cudaStream_t stream) {
-  SIM_ENTER();
-  std::shared_ptr<Stream> s = R().Resolve(stream);
-  if (!s) return Fail(cudaErrorInvalidResourceHandle);
-  return s->completed() >= s->enqueued() ? cudaSuccess : cudaErrorNotReady;
-}
-
-cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
-  SIM_ENTER();
-  std::shared_ptr<Stream> s = R().Resolve(stream);
-  if (!s) return Fail(cudaErrorInvalidResourceHandle);
-  R().Enqueue(s, [fn, userData] { fn(userData); });
-  return cudaSuccess;
-}
-
-// ---- copies
-
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind,
-                            cudaStream_t stream) {
-  return Copy(dst, src, count, kind, stream, /*synchronous=*/false);
-}
-
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
-  return Copy(dst, src, count, kind, cudaStreamLegacy, /*synchronous=*/true);
-}
-
-cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t stream) {
-  return Memset(devPtr, value, count, stream);
-}
-
-cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
-  return Memset(devPtr, value, count, cudaStreamLegacy);
-}
-
-// ---- events
-
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
-  SIM_ENTER();
-  if ((flags & cudaEventInterprocess) != 0 && (flags & cudaEventDisableTiming) == 0) {
-    return Fail(cudaErrorInvalidValue);
-  }
-  std::lock_guard lock(R().mu);
-  auto* e = new Event();
-  e->state = R().NewEventState(&e->index);
-  if (e->state == nullptr) {
-    delete e;
-    return Fail(cudaErrorMemoryAllocation);
-  }
-  e->device = t_device;
-  e->flags = flags;
-  R().events.insert(e);
-  *event = reinterpret_cast<cudaEvent_t>(e);
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventCreate(cudaEvent_t* event) {
-  return cudaEventCreateWithFlags(event, cudaEventDefault);
-}
-
-cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  SIM_ENTER();
-  auto* e = reinterpret_cast<Event*>(event);
-  std::lock_guard lock(R().mu);
-  if (R().events.erase(e) == 0) return Fail(cudaErrorInvalidResourceHandle);
-  // An interprocess event may still be open, or recorded, in other processes, and a pending
-  // record still writes its state: such slots are never reused.
-  if (!e->imported && (e->flags & cudaEventInterprocess) == 0 && EventComplete(e->state)) {
-    R().FreeEventState(e->index);
-  }
-  delete e;
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  SIM_ENTER();
-  Event* e = LiveEvent(event);
-  if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
-  std::shared_ptr<Stream> s = R().Resolve(stream);
-  if (!s) return Fail(cudaErrorInvalidResourceHandle);
-  EventState* st = e->state;
-  const uint64_t seq = st->recorded.fetch_add(1, std::memory_order_acq_rel) + 1;
-  R().Enqueue(s, [st, seq] { MarkComplete(st, seq); });
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventQuery(cudaEvent_t event) {
-  SIM_ENTER();
-  Event* e = LiveEvent(event);
-  if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
-  return EventComplete(e->state) ? cudaSuccess : cudaErrorNotReady;
-}
-
-cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  SIM_ENTER();
-  Event* e = LiveEvent(event);
-  if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
-  EventState* st = e->state;
-  const uint64_t target = st->recorded.load(std::memory_order_acquire);
-  expertd::cudasim::PollUntil([st, target] { return st->completed.load() >= target; });
-  SIM_ENTER();
-  return cudaSuccess;
-}
-
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
-  SIM_ENTER();
-  Event* e = LiveEvent(event);
-  if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
-  std::shared_ptr<Stream> s = R().Resolve(stream);
-  if (!s) return Fail(cudaErrorInvalidResourceHandle);
-  EventState* st = e->state;
-  // The wait is for the record that is latest now; never recorded: nothing to wait for.
-  const uint64_t target = st->recorded.load(std::memory_order_acquire);
-  if (st->completed.load(std::memory_order_acquire) >= target) return cudaSuccess;
-  R().Enqueue(s, [st, target] {
-    expertd::cudasim::PollUntil([st, target] { return st->completed.load() >= target; });
-  });
-  return cudaSuccess;
-}
-
-cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t* handle, cudaEvent_t event) {
-  SIM_ENTER();
-  Event* e = LiveEvent(event);
-  if (e == nullptr || (e->flags & cudaEventInterprocess) == 0 || e->imported) {
-    return Fail(cudaErrorInvalidResourceHandle);
-  }
-  HandleBytes h{};
-  std::memcpy(h.magic, kEventMagic, sizeof(h.magic));
-  {
-    std::lock_guard lock(R().mu);
-    h.pid = ::getpid();
-    h.fd = R().pool_fd;
-  }
-  h.key = e->index;
-  std::memcpy(handle, &h, sizeof(h));
-  return cudaSuccess;
-}
-
-cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* event, cudaIpcEventHandle_t handle) {
-  SIM_ENTER();
-  HandleBytes h{};
-  std::memcpy(&h, &handle, sizeof(h));
-  if (std::memcmp(h.magic, kEventMagic, sizeof(h.magic)) != 0 || h.key == 0 ||
-      h.key >= kPoolEvents) {
-    return Fail(cudaErrorInvalidValue);
-  }
-  std::lock_guard lock(R().mu);
-  EventState* pool = nullptr;
-  if (h.pid == ::getpid()) {
-    pool = R().pool;
-  } else if (auto it = R().peer_pools.find({h.pid, h.fd}); it != R().peer_pools.end()) {
-    pool = it->second;
-  } else {
-    const int fd = OpenPeerFd(h.pid, h.fd);
-    if (fd < 0) return Fail(cudaErrorInvalidValue);  // the exporter is gone
-    const uint64_t bytes = uint64_t{kPoolEvents} * sizeof(EventState);
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (p == MAP_FAILED) return Fail(cudaErrorInvalidValue);
-    pool = static_cast<EventState*>(p);
-    if (std::memcmp(&pool[0].magic, kEventMagic, sizeof(pool[0].magic)) != 0) {
-      ::munmap(p, bytes);
-      return Fail(cudaErrorInvalidValue);
-    }
-    R().peer_pools[{h.pid, h.fd}] = pool;  // kept for the process's life
-  }
-  if (pool == nullptr) return Fail(cudaErrorInvalidValue);
-  auto* e = new Event();
-  e->state = &pool[h.key];
-  e->device = t_device;
-  e->flags = cudaEventInterprocess | cudaEventDisableTiming;
-  e->imported = true;
-  e->index = static_cast<uint32_t>(h.key);
-  R().events.insert(e);
-  *event = reinterpret_cast<cudaEvent_t>(e);
   return cudaSuccess;
 }

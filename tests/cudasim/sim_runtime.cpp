@@ -1,6 +1,7 @@
 // The CUDA simulator's state: configuration, streams, memory lookup, the event pool.
 #include "sim_runtime.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -52,6 +53,11 @@ const Config& Cfg() {
     return c;
   }();
   return config;
+}
+
+int OpenPeerFd(pid_t pid, int fd) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+  return ::open(path.c_str(), O_RDWR | O_CLOEXEC);
 }
 
 void PollUntil(const std::function<bool()>& done) {

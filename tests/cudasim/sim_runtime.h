@@ -142,6 +142,28 @@ thread_local inline cudaError_t t_last_error = cudaSuccess;
 inline std::atomic<int> g_sticky{0};  // a sticky error: every call returns it from then on
 inline std::atomic<uint64_t> g_copies{0};
 
+// Records `e` as the calling thread's last error and returns it.
+inline cudaError_t Fail(cudaError_t e) {
+  t_last_error = e;
+  return e;
+}
+
+// Every C function starts here: the configuration is read, and a failed context answers its
+// sticky error.
+#define SIM_ENTER()                                                                       \
+  do {                                                                                    \
+    (void)::expertd::cudasim::Cfg();                                                      \
+    if (const int sticky_ = ::expertd::cudasim::g_sticky.load(std::memory_order_acquire); \
+        sticky_ != 0)                                                                     \
+      return ::expertd::cudasim::Fail(static_cast<cudaError_t>(sticky_));                 \
+  } while (0)
+
+inline Runtime& R() { return Runtime::Get(); }
+
+// Opens another process's fd through /proc (IPC handles name the exporter's pid and fd); -1
+// when that process or fd is gone.
+int OpenPeerFd(pid_t pid, int fd);
+
 // Polls `done` with a growing pause (1 µs .. 200 µs) until it holds or the context failed.
 void PollUntil(const std::function<bool()>& done);
 // The configured delay of a copy or kernel, plus `extra_ns`.
