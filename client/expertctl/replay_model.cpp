@@ -194,11 +194,21 @@ int RunReplayWithModel(const ReplayModelArgs& a) {
   if (a.json) {
     nlohmann::json per_layer = nlohmann::json::object();
     for (const auto& [block, rate] : st.layer_hit_rate) per_layer[std::to_string(block)] = rate;
+    // The method each pack was read with: direct and mmap fall back where the file system
+    // lacks them, and say why.
+    nlohmann::json pack_methods = nlohmann::json::array();
+    for (size_t i = 0; i < (*packs)->size(); ++i) {
+      const PackEntry& e = (*packs)->pack(static_cast<PackId>(i));
+      pack_methods.push_back({{"pack", e.label},
+                              {"method", std::string(ReadMethodName(e.method))},
+                              {"note", e.method_note}});
+    }
     std::cout << nlohmann::json{{"trace", a.trace},
                                 {"model", *path},
                                 {"policy", a.policy},
                                 {"predictor", a.predictor},
                                 {"read_method", a.read_method},
+                                {"pack_methods", pack_methods},
                                 {"capacity", eo.slots_per_class},
                                 {"accesses", st.pool.accesses},
                                 {"hits", st.pool.hits},

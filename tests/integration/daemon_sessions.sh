@@ -22,6 +22,9 @@ mport=$(( 20000 + RANDOM % 20000 ))
 cat > "$work/expertd.toml" <<TOML
 [metrics]
 listen = "127.0.0.1:$mport"
+[device]
+# A quarter of the demo model's experts: some are never resident at once.
+slot_memory = "8MiB"  # 65 of the 256 bundles (31 MiB)
 [limits]
 max_leases_per_session = 8
 lease_ttl = "30s"
@@ -59,15 +62,22 @@ for seed in 1 2 3; do
 done
 
 echo "== Prometheus metrics count what the clients did"
-/usr/bin/python3 - "$mport" <<'PY' || fail "metrics"
+# Nothing but these three clients acquired so far: the counters must equal their own counts.
+/usr/bin/python3 - "$mport" "$work"/verify[123].log <<'PY' || fail "metrics"
 import re, sys, urllib.request
 text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+acquired = slotted = 0
+for path in sys.argv[2:]:
+    m = re.search(r"(\d+) acquires, (\d+) slots", open(path).read())
+    assert m, f"no counts in {path}"
+    acquired += int(m.group(1)); slotted += int(m.group(2))
 def value(name):
     m = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
     assert m, f"missing {name}"
     return float(m.group(1))
 hits = value('expertd_slot_hits_total{model="demo",device="host"}')
 misses = value('expertd_slot_misses_total{model="demo",device="host"}')
+joins = value('expertd_slot_joins_total{model="demo",device="host"}')
 count = value('expertd_acquire_stall_seconds_count{model="demo",device="host"}')
 inf = value('expertd_acquire_stall_seconds_bucket{model="demo",device="host",le="+Inf"}')
 read = value('expertd_pack_read_bytes_total{model="demo",device="host",pack="P"}')
@@ -75,8 +85,12 @@ copied = value('expertd_copied_bytes_total{model="demo",device="host"}')
 direct = value('expertd_direct_bytes_total{model="demo",device="host"}')
 assert 0 <= direct <= copied and copied > 0, (direct, copied)
 assert value("expertd_up") == 1
-assert hits + misses > 0 and count > 0 and inf == count and read > 0, (hits, misses, count, inf, read)
-print(f"metrics: hits {hits:.0f} misses {misses:.0f} acquires {count:.0f} pack bytes {read:.0f}")
+assert hits + misses + joins == slotted, (hits, misses, joins, slotted)
+assert count == acquired and inf == count, (count, inf, acquired)
+assert misses > 0 and read > 0, (misses, read)
+print(f"metrics: {acquired} acquires of {slotted} slots by the clients; hits {hits:.0f} "
+      f"misses {misses:.0f} joins {joins:.0f}; stall histogram count {count:.0f}; "
+      f"pack bytes {read:.0f}")
 PY
 
 echo "== kill -9 a client holding leases: they are reclaimed, others unaffected"
@@ -106,10 +120,11 @@ for i in 1 2; do
   "$client" load "$addr" "$gguf" > "$work/load$i.log" 2>&1 &
   lp[$i]=$!
 done
+# Both clients must be acquiring (20 verified acquires each) before the signal.
 for i in 1 2; do
-  for _ in $(seq 1 100); do grep -q loading "$work/load$i.log" && break; sleep 0.1; done
+  for _ in $(seq 1 600); do grep -q "loaded 20" "$work/load$i.log" && break; sleep 0.1; done
+  grep -q "loaded 20" "$work/load$i.log" || { cat "$work/load$i.log"; fail "load client $i never got going"; }
 done
-sleep 1
 kill -TERM $daemon
 set +e
 wait $daemon; rc=$?

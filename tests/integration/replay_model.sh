@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # expertctl replay with a model: the real engine reads the packs (each read method), fills the
 # slots and verifies every granted bundle; the real Mixtral trace replays against mixtral-tiny.
-#   replay_model.sh EXPERTCTL TRACE
+#   replay_model.sh EXPERTCTL TRACE [METHOD:PREDICTOR:CAPACITY ...]
+# Without runs: pread/none, pread/history, mmap/none, then the corrupted-pack check. A run whose
+# packs fell back to another read method (direct on a file system without O_DIRECT) tested that
+# other method: the script then exits 77 (skipped) with the reason.
 set -euo pipefail
 ctl=$1 trace=$2
+shift 2
+runs=("$@")
+[ ${#runs[@]} -gt 0 ] || runs=(pread:none:48 pread:history:128 mmap:none:48)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -19,12 +25,23 @@ assert len(keep) == 960, len(keep)
 PY
 # A prefetch may only evict what the current sweep has not used, so the history predictor gets
 # a pool larger than one sweep (64 bundles).
-for run in pread:none:48 pread:history:128 direct:none:48 mmap:none:48; do
+for run in "${runs[@]}"; do
   IFS=: read -r method predictor capacity <<< "$run"
   for _ in once; do
     "$ctl" replay --trace "$work/trace.jsonl" --model "$work/m" --capacity "$capacity" --policy cycle \
       --predictor "$predictor" --read-method "$method" --json > "$work/out.json" ||
       { cat "$work/out.json"; fail "replay with $method/$predictor"; }
+    rc=0
+    python3 - "$work/out.json" "$method" <<'PY' || rc=$?
+import json, sys
+j = json.load(open(sys.argv[1])); method = sys.argv[2]
+fell = [p for p in j["pack_methods"] if p["method"] != method]
+for p in fell:
+    print(f"SKIP: {method} fell back to {p['method']} for pack {p['pack']}: {p['note']}")
+sys.exit(3 if fell else 0)
+PY
+    [ $rc != 3 ] || exit 77
+    [ $rc = 0 ] || fail "reading the replay's pack methods"
     python3 - "$work/out.json" "$method" "$predictor" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1])); method, predictor = sys.argv[2:]
@@ -44,8 +61,10 @@ if predictor == "history":
 else:
     assert j["prefetch_issued"] == 0, j
 PY
+    echo "replay $method/$predictor/$capacity: verified, every pack read with $method"
   done
 done
+[ $# -eq 0 ] || { echo "replay with a model: OK"; exit 0; }
 # A corrupted Q copy is caught: place all experts in a Q pack, flip a byte, replay with the index.
 "$ctl" index build --gguf "$work/m/model.gguf" --out "$work/q.idx" --q-pack "$work/q.pack" \
   --placement all --bundle --quiet > /dev/null

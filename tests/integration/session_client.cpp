@@ -139,8 +139,10 @@ int Verify(const std::string& addr, const std::string& gguf, double seconds, uin
     if (auto st = session->Release(*lease); !st.ok()) Die(st.ToString());
   }
   Check(session->TakeAsyncErrors().empty(), "the daemon reported errors for releases");
-  std::printf("verify seed %u: %llu acquires, %llu projections verified\n", seed,
-              static_cast<unsigned long long>(acquires), static_cast<unsigned long long>(verified));
+  std::printf("verify seed %u: %llu acquires, %llu slots, %llu projections verified\n", seed,
+              static_cast<unsigned long long>(acquires),
+              static_cast<unsigned long long>(acquires * info.n_expert_used()),
+              static_cast<unsigned long long>(verified));
   return 0;
 }
 
@@ -172,21 +174,26 @@ int Load(const std::string& addr, const std::string& gguf) {
   for (;;) {
     const uint32_t layer = info.moe_layers(static_cast<int>(rng() % info.moe_layers_size()));
     auto lease = session->Acquire(layer, RandomExperts(rng, info.n_expert(), 2),
-                                  absl::Seconds(5));
+                                  absl::Seconds(30));
     if (!lease.ok()) {
-      // Draining: the daemon refuses new acquires, or the stream ends. Both are the expected way
-      // for this loop to stop.
-      const auto code = lease.status().code();
-      if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) {
-        std::printf("load: stopped after %llu acquires: %s\n",
-                    static_cast<unsigned long long>(acquires),
-                    std::string(lease.status().message()).c_str());
-        return 0;
+      // Draining: the daemon refuses new acquires with UNAVAILABLE, or the stream ends (also
+      // UNAVAILABLE). That is the only expected way for this loop to stop, and only after it
+      // did real work; a deadline means the daemon stopped answering.
+      if (lease.status().code() != absl::StatusCode::kUnavailable) {
+        Die(absl::StrCat("load: acquire ", acquires + 1, ": ", lease.status().ToString()));
       }
-      Die(lease.status().ToString());
+      Check(acquires > 0, "load: stopped before a single acquire");
+      std::printf("load: stopped after %llu acquires: %s\n",
+                  static_cast<unsigned long long>(acquires),
+                  std::string(lease.status().message()).c_str());
+      return 0;
     }
     VerifyLease(oracle, *lease);
     ++acquires;
+    if (acquires == 20) {
+      std::printf("loaded 20\n");
+      std::fflush(stdout);
+    }
     (void)session->Release(*lease);
   }
 }
@@ -249,21 +256,34 @@ int Bad(const std::string& addr) {
   ExpectCode(absl::Status(static_cast<absl::StatusCode>(err->code()), err->message()),
              absl::StatusCode::kNotFound, "not held", "release unknown lease");
 
-  // Release before signalling done: refused, the lease stays.
-  auto lease = session->Acquire(layer0, e01);
-  Check(lease.ok(), "acquire after errors");
+  // Release before signalling done: refused, the lease stays. Checked on a slot that this
+  // acquire filled (a miss): a resident slot whose current generation another client already
+  // signalled done for passes the check, rightly. The test's config keeps the pool smaller than
+  // the model, so some expert is not resident.
+  std::optional<Lease> fresh;
+  for (int i = 0; i < info.moe_layers_size() && !fresh.has_value(); ++i) {
+    for (uint32_t e = 0; e < info.n_expert() && !fresh.has_value(); ++e) {
+      const uint32_t one[] = {e};
+      auto l = session->Acquire(info.moe_layers(i), one);
+      Check(l.ok(), "acquire while looking for a non-resident expert");
+      if (!l->slots[0].hit) {
+        fresh = *std::move(l);
+      } else {
+        Check(session->Release(*l).ok(), "release of a resident expert");
+      }
+    }
+  }
+  Check(fresh.has_value(),
+        "every expert was resident: no slot to check release-before-done on (the pool must be "
+        "smaller than the model)");
   r.mutable_release()->set_seq(778);
-  r.mutable_release()->set_lease(lease->id);
+  r.mutable_release()->set_lease(fresh->id);
   Check(session->SendRaw(r).ok(), "send early release");
   err = ErrorFor(*session, 778);
-  if (lease->slots[0].hit && !err.has_value()) {
-    // A resident slot another client already signalled done for passes the check.
-  } else {
-    Check(err.has_value(), "release before done was accepted");
-    ExpectCode(absl::Status(static_cast<absl::StatusCode>(err->code()), err->message()),
-               absl::StatusCode::kFailedPrecondition, "signal done", "release before done");
-    Check(session->Release(*lease).ok(), "proper release");
-  }
+  Check(err.has_value(), "release before done was accepted");
+  ExpectCode(absl::Status(static_cast<absl::StatusCode>(err->code()), err->message()),
+             absl::StatusCode::kFailedPrecondition, "signal done", "release before done");
+  Check(session->Release(*fresh).ok(), "proper release after the refused one");
 
   // A second Session stream for the same session id is refused; the first keeps working.
   {

@@ -1,10 +1,13 @@
 // The engine end to end on the host device, shared by the engine_*_test.cpp files: a
 // synthesized model, real packs and reader pools, slots in shared memory. Verify() checks every
-// granted slot's bytes against the pack (the oracle is a plain pread of the catalog's location),
-// as a client would see them through the arena.
+// granted slot's bytes against the pack file, as a client would see them through the arena. Its
+// oracle is a plain pread(2) of the catalog's location on a descriptor of its own: not the
+// PackSet, its read method or its test hook, which the engine reads through.
 #pragma once
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -12,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -85,7 +89,7 @@ class EngineFixture : public ::testing::Test {
         const uint64_t bytes = layer.projections[p].expert_bytes;
         const auto loc = catalog_->Locate(grant.layer, s.expert, p);
         std::vector<uint8_t> want(bytes);
-        if (!loc.ok() || !packs_->Read(loc->pack, loc->offset, want).ok()) {
+        if (!loc.ok() || loc->bytes != bytes || !OracleRead(loc->pack, loc->offset, want)) {
           return ::testing::AssertionFailure() << "oracle read failed";
         }
         const uint8_t* got = engine.arena(s.slot_class, p).host_data() + s.slot * bytes;
@@ -100,6 +104,22 @@ class EngineFixture : public ::testing::Test {
       }
     }
     return ::testing::AssertionSuccess();
+  }
+
+  // The oracle: pread(2) of the pack file, whole or not at all.
+  bool OracleRead(uint32_t pack, uint64_t offset, std::span<uint8_t> out) {
+    const std::string& path = catalog_->packs().at(pack).path;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t n = ::pread(fd, out.data() + done, out.size() - done,
+                                static_cast<off_t>(offset + done));
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    ::close(fd);
+    return done == out.size();
   }
 
   // What a client does after its kernels read the grant: signal done, release.
