@@ -191,7 +191,9 @@ bool ReadJobHandle::TryCancel() const {
 }
 
 ReaderPools::ReaderPools(const PackSet& packs, const ReaderPoolOptions& options)
-    : packs_(packs), max_merge_gap_(options.max_merge_gap_bytes) {
+    : packs_(packs),
+      max_merge_gap_(options.max_merge_gap_bytes),
+      stopping_hook_(options.stopping_hook) {
   for (const SourceGroup& group : packs.groups()) {
     const auto it = options.group_threads.find(group.name);
     const uint32_t n = it != options.group_threads.end() ? it->second : options.threads_per_group;
@@ -202,6 +204,7 @@ ReaderPools::ReaderPools(const PackSet& packs, const ReaderPoolOptions& options)
 ReaderPools::~ReaderPools() {
   // Stop every pool first so all groups cancel their queues at once, then join them.
   for (auto& pool : pools_) pool->Stop();
+  if (stopping_hook_) stopping_hook_();
   pools_.clear();
 }
 

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,9 @@ struct ReaderPoolOptions {
   // Per source group name (SourceGroup::name): thread count overriding threads_per_group.
   absl::flat_hash_map<std::string, uint32_t> group_threads;
   uint64_t max_merge_gap_bytes = kMaxMergeGapBytes;
+  // Tests: called by the destructor once every pool was told to stop (queued jobs will be
+  // cancelled, no new one starts), before it waits for the reads in progress.
+  std::function<void()> stopping_hook;
 };
 
 // Counters of one source group (a snapshot). Byte, read, retry and error counts are the sums of
@@ -143,6 +147,7 @@ class ReaderPools {
   const uint64_t max_merge_gap_;
   reader_detail::JobCounters counters_;  // jobs count their outcome here when they complete
   std::vector<std::unique_ptr<reader_detail::ReaderPool>> pools_;  // by GroupId
+  std::function<void()> stopping_hook_;
 };
 
 }  // namespace expertd

@@ -1,9 +1,12 @@
 // What a CUDA session opens in the client's process, and when it is closed again (the client
 // library's contract, device/cuda_factory.h and client.h): each arena's IPC memory handle once
 // per process however many sessions use it, every session's events, and nothing left open once
-// the last session ended — counted by the CUDA simulator (expertd_cudasim_open_imports).
-//   cudasim_client_lifetime ADDR     against `expertd --demo` on cuda:0 (the simulator's build)
+// the last session ended — counted by the CUDA simulator (expertd_cudasim_open_imports). The
+// bytes every session reads are compared with the model file (GGUF) the daemon serves.
+//   cudasim_client_lifetime ADDR GGUF   against `expertd --demo` on cuda:0 (the simulator's
+//                                       build) and the demo's model file
 // Prints what it saw; exit 0 when every check held, 1 otherwise.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -12,8 +15,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "catalog/catalog.h"
 #include "client.h"
 #include "cudasim.h"
+#include "format/gguf_model.h"
+#include "util/file.h"
 #include "util/hash.h"
 
 namespace {
@@ -47,6 +53,31 @@ std::unique_ptr<Session> Open(Client& client, const char* name) {
   return *std::move(s);
 }
 
+// XXH3s of what the model file holds for experts 0 and 1 of its first MoE layer, projection by
+// projection, in ReadLayer's order (empty on an error, which is reported).
+std::vector<uint64_t> FromModelFile(const std::string& gguf) {
+  auto model = expertd::GgufModel::Open(gguf);
+  if (!model.ok()) return Check(false, model.status().ToString()), std::vector<uint64_t>{};
+  auto catalog = expertd::ModelCatalog::Build(*model, nullptr);
+  if (!catalog.ok()) return Check(false, catalog.status().ToString()), std::vector<uint64_t>{};
+  const expertd::MoeLayer& layer = catalog->layers().front();
+  std::vector<uint64_t> sums;
+  for (uint32_t expert : {0u, 1u}) {
+    for (size_t p = 0; p < layer.projections.size(); ++p) {
+      auto loc = catalog->Locate(layer.block, expert, p);
+      if (!loc.ok()) return Check(false, loc.status().ToString()), std::vector<uint64_t>{};
+      auto file = expertd::ReadFile::Open(catalog->packs()[loc->pack].path);
+      if (!file.ok()) return Check(false, file.status().ToString()), std::vector<uint64_t>{};
+      std::vector<uint8_t> bytes(loc->bytes);
+      if (absl::Status st = file->ReadAt(loc->offset, bytes); !st.ok()) {
+        return Check(false, st.ToString()), std::vector<uint64_t>{};
+      }
+      sums.push_back(expertd::Xxh3(bytes));
+    }
+  }
+  return sums;
+}
+
 // Acquires experts 0 and 1 of the model's first MoE layer, copies every projection back and
 // returns their XXH3s (empty on an error, which is reported).
 std::vector<uint64_t> ReadLayer(Session& s) {
@@ -66,6 +97,9 @@ std::vector<uint64_t> ReadLayer(Session& s) {
       if (!st.ok()) break;
       std::vector<uint8_t> bytes(arena->stride);
       st = s.CopySlot(slot, p, bytes, nullptr);
+      const auto& projection = s.info().model().slot_classes(static_cast<int>(slot.slot_class))
+                                   .projections(static_cast<int>(p));
+      bytes.resize(std::min<uint64_t>(bytes.size(), projection.expert_bytes()));
       sums.push_back(expertd::Xxh3(bytes));
     }
   }
@@ -81,10 +115,11 @@ std::vector<uint64_t> ReadLayer(Session& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: cudasim_client_lifetime ADDR\n");
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: cudasim_client_lifetime ADDR GGUF\n");
     return 2;
   }
+  const std::vector<uint64_t> want = FromModelFile(argv[2]);
   expertd::client::ConnectOptions co;
   co.address = argv[1];
   auto client = Client::Connect(co);
@@ -99,7 +134,9 @@ int main(int argc, char** argv) {
   const std::vector<uint64_t> first = ReadLayer(*a);
   Check(memory_a > 0 && events_a > 0,
         absl::StrCat("session a: ", memory_a, " arenas and ", events_a, " events open"));
-  Check(!first.empty(), absl::StrCat("session a read ", first.size(), " projections"));
+  Check(!first.empty() && first == want,
+        absl::StrCat("session a read ", first.size(), " projections, equal to the model file's ",
+                     want.size()));
 
   auto b = Open(**client, "lifetime-b");
   const auto [memory_ab, events_ab] = Imports();

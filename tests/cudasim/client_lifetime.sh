@@ -17,7 +17,7 @@ printf '[device]\nkind = "cuda"\ncuda_devices = [0]\nslot_memory = "4MiB"\n' > "
 daemon=$!
 "$waiter" wait "unix://$sock" 120 || { tail -20 "$work/daemon.log"; exit 1; }
 rc=0
-"$lifetime" "unix://$sock" || rc=$?
+"$lifetime" "unix://$sock" "$XDG_CACHE_HOME/expertd/demo/model.gguf" || rc=$?
 kill -TERM $daemon
 drc=0
 wait $daemon || drc=$?

@@ -108,14 +108,24 @@ TEST(CudaSim, StreamWaitEventOrdersAnotherStream) {
   CUDA_OK(cudaEventRecord(e, a));
   CUDA_OK(cudaStreamWaitEvent(b, e, 0));
   CUDA_OK(cudaLaunchHostFunc(b, Mark, &after));
-  // A later record does not change what b waits for (the record that was latest at the wait).
+  // A later record, on a third stream held behind its own gate, does not change what b waits
+  // for: the record that was latest when the wait was enqueued.
+  cudaStream_t c = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking));
+  Gate later;
+  CUDA_OK(cudaLaunchHostFunc(c, Gate::Wait, &later));
+  CUDA_OK(cudaEventRecord(e, c));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(after.load(), 0) << "b ran past its wait before a's record completed";
   gate.open = true;
-  CUDA_OK(cudaStreamSynchronize(b));
+  CUDA_OK(cudaStreamSynchronize(b));  // returns although the later record is still pending
   EXPECT_EQ(after.load(), 1);
+  EXPECT_EQ(cudaEventQuery(e), cudaErrorNotReady) << "the event now stands for c's record";
+  later.open = true;
+  CUDA_OK(cudaEventSynchronize(e));
   CUDA_OK(cudaStreamDestroy(a));
   CUDA_OK(cudaStreamDestroy(b));
+  CUDA_OK(cudaStreamDestroy(c));
   CUDA_OK(cudaEventDestroy(e));
 }
 

@@ -68,11 +68,22 @@ for placement in parity all none "hot:$trace:0.3"; do
   done
 done
 
-# Row counts follow from the placement: all = every (layer, expert, projection).
+# Row counts follow from the placement: all = every (layer, expert, projection). The expected
+# count comes from the file itself, read by an independent GGUF reader (tests/support): each
+# stacked expert tensor (blk.N.ffn_*_exps.weight/.bias) holds expert_count experts, each
+# pre-2024 per-expert tensor (blk.N.ffn_{gate,up,down}.E.weight) one.
 rows_all=$(grep -vc '^[#@]' "$work/q-all.idx")
-want_rows=$(python3 -c "
-import json; j = json.load(open('$work/inspect.json'))['moe']
-print(sum(len(c['projections']) * len(c['layers']) for c in j['slot_classes']) * j['n_expert'])")
+want_rows=$(python3 "$(dirname "$0")/../support/gguf_tensors.py" "$model" | python3 -c '
+import json, re, sys
+j = json.load(sys.stdin); md = j["metadata"]
+n = md[md["general.architecture"] + ".expert_count"]
+rows = 0
+for t in j["tensors"]:
+    if re.fullmatch(r"blk\.\d+\.ffn_\w+_exps\.(weight|bias)", t["name"]):
+        rows += n
+    elif re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight", t["name"]):
+        rows += 1
+print(rows)')
 [ "$rows_all" = "$want_rows" ] || fail "placement all wrote $rows_all rows, expected $want_rows"
 [ "$(grep -vc '^[#@]' "$work/q-none.idx")" = 0 ] || fail "placement none wrote rows"
 

@@ -179,7 +179,15 @@ TEST(ReaderPoolTest, SourceGroupsReadInParallel) {
       int seen = max_in_flight.load();
       while (now > seen && !max_in_flight.compare_exchange_weak(seen, now)) {
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(60));
+      // With two groups, the first reads wait (up to 10 s, a bound on a hang) until two have
+      // been in flight at once: they overlap however slowly the machine schedules the second
+      // thread. With one group a second read cannot start while one waits, so each gives up
+      // after 100 ms.
+      const auto deadline = std::chrono::steady_clock::now() +
+                            (separate ? std::chrono::seconds(10) : std::chrono::milliseconds(100));
+      while (max_in_flight.load() < 2 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       --in_flight;
       return std::numeric_limits<int64_t>::max();
     };
@@ -215,17 +223,18 @@ TEST(ReaderPoolTest, ShutdownCancelsQueuedJobs) {
   spec.test_hook = [&](uint64_t, uint64_t) { return gate.Pass(); };
   absl::StatusOr<std::unique_ptr<PackSet>> set = PackSet::Open({std::move(spec)}, {});
   ASSERT_TRUE(set.ok());
-  auto pools = std::make_unique<ReaderPools>(**set, OneThread());
+  // The gated read is let go only once the destructor has told the pool to stop: the queued
+  // jobs must then be cancelled, never read.
+  ReaderPoolOptions options = OneThread();
+  options.stopping_hook = [&] { gate.released.Notify(); };
+  auto pools = std::make_unique<ReaderPools>(**set, options);
   JobRecorder jobs(*pools);
   jobs.Submit("running", ReadPriority::kDemand);
   gate.entered.Wait();
   for (int i = 0; i < 8; ++i) {
     jobs.Submit("queued", i % 2 ? ReadPriority::kDemand : ReadPriority::kPrefetch);
   }
-  std::thread destroyer([&] { pools.reset(); });  // blocks joining the gated thread
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
-  gate.released.Notify();
-  destroyer.join();
+  pools.reset();  // stops, runs the hook (opening the gate), joins
   EXPECT_TRUE(jobs.done(0).Wait().ok());
   for (size_t i = 0; i < jobs.size(); ++i) {
     EXPECT_EQ(jobs.done(i).Calls(), 1) << i;

@@ -43,7 +43,9 @@ class ReaderConformance : public ::testing::TestWithParam<ReadMethod> {
   // direct may fall back (a file system without O_DIRECT), but then it must say why.
   void ExpectMethod(const PackEntry& e) {
     EXPECT_EQ(e.requested, GetParam());
-    if (e.method != GetParam()) EXPECT_FALSE(e.method_note.empty());
+    if (e.method != GetParam()) {
+      EXPECT_FALSE(e.method_note.empty());
+    }
     if (e.method == ReadMethod::kDirect) {
       EXPECT_TRUE(IsPowerOfTwoAlign(e.dio_mem_align));
       EXPECT_TRUE(IsPowerOfTwoAlign(e.dio_offset_align));

@@ -46,8 +46,13 @@ TEST(StagingRing, DemandWaitsForARelease) {
   const auto a = ring->ReserveDemand(absl::Seconds(1));
   const auto b = ring->ReserveDemand(absl::Seconds(1));
   ASSERT_TRUE(a.ok() && b.ok());
+  // The release comes once the demand is waiting (counted before it blocks), not after a fixed
+  // time that a loaded machine may overrun; the 10 s only bound a hang.
   std::thread releaser([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (ring->stats().demand_waited == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     ring->Release(*a);
   });
   const auto c = ring->ReserveDemand(absl::Seconds(10));
