@@ -1,7 +1,9 @@
 # EXPERTD_CUDA=AUTO builds the CUDA device backend when a toolkit is found; ON requires it; OFF
-# skips it. The result is EXPERTD_HAVE_CUDA. CUDA code lives only in the expertd_device_cuda
-# target; nothing here adds directory-wide definitions.
+# skips it. The result is EXPERTD_HAVE_CUDA, and EXPERTD_NO_CUDA_REASON says why when it is OFF.
+# CUDA code lives only in the expertd_device_cuda target; nothing here adds directory-wide
+# definitions.
 set(EXPERTD_HAVE_CUDA OFF)
+set(EXPERTD_NO_CUDA_REASON "configured with -DEXPERTD_CUDA=OFF")
 if(NOT EXPERTD_CUDA MATCHES "^(AUTO|ON|OFF)$")
   message(FATAL_ERROR "EXPERTD_CUDA must be AUTO, ON or OFF (got '${EXPERTD_CUDA}')")
 endif()
@@ -26,6 +28,8 @@ if(NOT EXPERTD_CUDA STREQUAL "OFF")
     message(FATAL_ERROR "EXPERTD_CUDA=ON but no CUDA toolkit (nvcc) was found; "
                         "install it or configure with -DEXPERTD_CUDA=AUTO|OFF")
   else()
+    set(EXPERTD_NO_CUDA_REASON
+        "no CUDA toolkit (nvcc in PATH, $CUDA_PATH/bin or /usr/local/cuda/bin) at configure time")
     message(STATUS "CUDA toolkit not found: building without the CUDA device backend")
   endif()
 endif()

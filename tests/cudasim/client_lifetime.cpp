@@ -3,11 +3,12 @@
 // per process however many sessions use it, every session's events, and nothing left open once
 // the last session ended — counted by the CUDA simulator (expertd_cudasim_open_imports). The
 // bytes every session reads are compared with the model file (GGUF) the daemon serves.
-//   cudasim_client_lifetime ADDR GGUF   against `expertd --demo` on cuda:0 (the simulator's
-//                                       build) and the demo's model file
+//   cudasim_client_lifetime ADDR GGUF TENSORS   against `expertd --demo` on cuda:0 (the
+//       simulator's build), the demo's model file and its tensor offsets (see FromModelFile)
 // Prints what it saw; exit 0 when every check held, 1 otherwise.
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,10 +16,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "catalog/catalog.h"
 #include "client.h"
 #include "cudasim.h"
-#include "format/gguf_model.h"
 #include "util/file.h"
 #include "util/hash.h"
 
@@ -53,23 +52,38 @@ std::unique_ptr<Session> Open(Client& client, const char* name) {
   return *std::move(s);
 }
 
-// XXH3s of what the model file holds for experts 0 and 1 of its first MoE layer, projection by
-// projection, in ReadLayer's order (empty on an error, which is reported).
-std::vector<uint64_t> FromModelFile(const std::string& gguf) {
-  auto model = expertd::GgufModel::Open(gguf);
-  if (!model.ok()) return Check(false, model.status().ToString()), std::vector<uint64_t>{};
-  auto catalog = expertd::ModelCatalog::Build(*model, nullptr);
-  if (!catalog.ok()) return Check(false, catalog.status().ToString()), std::vector<uint64_t>{};
-  const expertd::MoeLayer& layer = catalog->layers().front();
+// XXH3s of what the model file holds for experts 0 and 1 of the first MoE layer, projection by
+// projection, in ReadLayer's order (empty on an error, which is reported). Tensor offsets come
+// from `tensors` ("NAME ABSOLUTE_OFFSET" lines written by tests/support/gguf_tensors.py, a GGUF
+// reader independent of the project's); an expert's part of a stacked tensor is expert_bytes
+// long.
+std::vector<uint64_t> FromModelFile(const expertd::v1::ModelInfo& model, const std::string& gguf,
+                                    const std::string& tensors) {
+  std::map<std::string, uint64_t> offsets;
+  std::ifstream in(tensors);
+  std::string name;
+  uint64_t offset = 0;
+  while (in >> name >> offset) offsets[name] = offset;
+  auto file = expertd::ReadFile::Open(gguf);
+  if (!file.ok()) return Check(false, file.status().ToString()), std::vector<uint64_t>{};
+  const uint32_t layer = model.moe_layers(0);
+  const expertd::v1::SlotClass* cls = nullptr;
+  for (const auto& c : model.slot_classes()) {
+    for (uint32_t l : c.layers()) {
+      if (l == layer) cls = &c;
+    }
+  }
+  if (cls == nullptr) return Check(false, "no slot class for the first layer"), std::vector<uint64_t>{};
   std::vector<uint64_t> sums;
   for (uint32_t expert : {0u, 1u}) {
-    for (size_t p = 0; p < layer.projections.size(); ++p) {
-      auto loc = catalog->Locate(layer.block, expert, p);
-      if (!loc.ok()) return Check(false, loc.status().ToString()), std::vector<uint64_t>{};
-      auto file = expertd::ReadFile::Open(catalog->packs()[loc->pack].path);
-      if (!file.ok()) return Check(false, file.status().ToString()), std::vector<uint64_t>{};
-      std::vector<uint8_t> bytes(loc->bytes);
-      if (absl::Status st = file->ReadAt(loc->offset, bytes); !st.ok()) {
+    for (const auto& projection : cls->projections()) {
+      const std::string tensor = absl::StrCat("blk.", layer, ".ffn_", projection.kind(), "_exps.weight");
+      const auto it = offsets.find(tensor);
+      if (it == offsets.end()) {
+        return Check(false, absl::StrCat("no tensor ", tensor)), std::vector<uint64_t>{};
+      }
+      std::vector<uint8_t> bytes(projection.expert_bytes());
+      if (absl::Status st = file->ReadAt(it->second + expert * bytes.size(), bytes); !st.ok()) {
         return Check(false, st.ToString()), std::vector<uint64_t>{};
       }
       sums.push_back(expertd::Xxh3(bytes));
@@ -115,11 +129,10 @@ std::vector<uint64_t> ReadLayer(Session& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: cudasim_client_lifetime ADDR GGUF\n");
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: cudasim_client_lifetime ADDR GGUF TENSORS\n");
     return 2;
   }
-  const std::vector<uint64_t> want = FromModelFile(argv[2]);
   expertd::client::ConnectOptions co;
   co.address = argv[1];
   auto client = Client::Connect(co);
@@ -130,6 +143,7 @@ int main(int argc, char** argv) {
   Check(Imports() == std::make_pair(0, 0), "nothing imported before a session");
 
   auto a = Open(**client, "lifetime-a");
+  const std::vector<uint64_t> want = FromModelFile(a->info().model(), argv[2], argv[3]);
   const auto [memory_a, events_a] = Imports();
   const std::vector<uint64_t> first = ReadLayer(*a);
   Check(memory_a > 0 && events_a > 0,

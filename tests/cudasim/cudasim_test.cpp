@@ -118,10 +118,16 @@ TEST(CudaSim, StreamWaitEventOrdersAnotherStream) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(after.load(), 0) << "b ran past its wait before a's record completed";
   gate.open = true;
-  CUDA_OK(cudaStreamSynchronize(b));  // returns although the later record is still pending
-  EXPECT_EQ(after.load(), 1);
+  // b goes on although the later record is still pending (10 s only bound the wait; a
+  // simulator that made b wait for c's record would hold b until `later` opens below).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (after.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(after.load(), 1) << "b waited for a record made after its wait was enqueued";
   EXPECT_EQ(cudaEventQuery(e), cudaErrorNotReady) << "the event now stands for c's record";
   later.open = true;
+  CUDA_OK(cudaStreamSynchronize(b));
   CUDA_OK(cudaEventSynchronize(e));
   CUDA_OK(cudaStreamDestroy(a));
   CUDA_OK(cudaStreamDestroy(b));
