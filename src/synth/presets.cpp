@@ -20,7 +20,7 @@ constexpr uint32_t kFtypeMxfp4Moe = 38;
 // Shared small dimensions. Non-expert tensors only need realistic names, types and ranks; their
 // sizes are kept small so that the experts dominate the file as in real MoE models.
 constexpr uint64_t kEmbd = 256;  // n_embd: a multiple of 256 so K-quants fit ne[0]
-constexpr uint64_t kVocab = 1024;
+constexpr uint64_t kVocab = synth::kSynthVocab;
 
 constexpr std::array kPresets = {
     SynthPresetInfo{"mixtral-tiny",

@@ -26,6 +26,9 @@ struct ModelSpec {
   std::vector<TensorSpec> tensors;
 };
 
+// Tokens in every preset's vocabulary (token_embd and output rows, the tokenizer's size).
+inline constexpr uint64_t kSynthVocab = 1024;
+
 // Widths are written as u32 KVs (as llama.cpp does); this bound keeps the widest one (256 × scale)
 // inside u32 and is far beyond any file a disk holds.
 inline constexpr uint32_t kMaxSynthScale = uint32_t{1} << 20;

@@ -1,12 +1,15 @@
 #include "synth/synth.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <optional>
 #include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "format/ggml_types.h"
 #include "format/gguf_writer.h"
 #include "synth/presets.h"
 #include "util/status.h"
@@ -39,6 +42,112 @@ inline uint64_t Word(uint64_t key, uint64_t index) { return Mix64(key + (index +
 
 inline void StoreLe(uint8_t* p, uint64_t w, size_t n) {
   for (size_t b = 0; b < n; ++b) p[b] = static_cast<uint8_t>(w >> (8 * b));
+}
+
+// ---- Values a model runs with ---------------------------------------------------------------
+// Random bytes are valid for the quantized values of every block, but not for its scales (a
+// random fp16 is Inf or NaN one time in 32) nor for float tensors. So after the random stream,
+// the fields that set magnitudes are overwritten with finite values of a sensible size, each a
+// pure function of (key, position) so that any byte range still has one answer:
+//   F32 / F16 element i: 1 + 0.1u for norm weights, 0.1u for the rest (u in [-0.5, 0.5));
+//   the fp16 block scales (d, dmin) of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q2_K..Q6_K: small positive
+//   normal values (dequantized weights of a few hundredths, as in trained models);
+//   MXFP4's E8M0 block exponent: 2^-9 .. 2^-7.
+
+// IEEE binary16 bits of a finite float in the normal range (truncating the mantissa).
+uint16_t HalfBits(float f) {
+  uint32_t x = 0;
+  std::memcpy(&x, &f, sizeof(x));
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const int32_t exp = static_cast<int32_t>((x >> 23) & 0xFFu) - 127 + 15;
+  const uint32_t mant = (x >> 13) & 0x3FFu;
+  if (exp <= 0) return static_cast<uint16_t>(sign);           // below the normal range: 0
+  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7BFFu);  // above: the largest finite
+  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(exp) << 10) | mant);
+}
+
+// u in [-0.5, 0.5) from a word.
+float Unit(uint64_t w) { return static_cast<float>(w >> 40) / static_cast<float>(1u << 24) - 0.5F; }
+
+struct ScaleField {
+  uint32_t offset;  // in the block
+  bool e8m0;        // else fp16
+  float value;      // fp16: the base value; E8M0: unused
+};
+
+struct BlockLayout {
+  uint32_t bytes = 0;
+  std::vector<ScaleField> fields;
+};
+
+// ggml's block structs (ggml-common.h): where each type keeps its scales.
+std::optional<BlockLayout> LayoutOf(uint32_t type) {
+  switch (type) {
+    case ggml::kQ4_0: return BlockLayout{18, {{0, false, 2e-3F}}};
+    case ggml::kQ4_1: return BlockLayout{20, {{0, false, 2e-3F}, {2, false, 1e-2F}}};
+    case ggml::kQ5_0: return BlockLayout{22, {{0, false, 1e-3F}}};
+    case ggml::kQ5_1: return BlockLayout{24, {{0, false, 1e-3F}, {2, false, 1e-2F}}};
+    case ggml::kQ8_0: return BlockLayout{34, {{0, false, 2.5e-4F}}};
+    case ggml::kQ2_K: return BlockLayout{84, {{80, false, 2e-3F}, {82, false, 2e-3F}}};
+    case ggml::kQ3_K: return BlockLayout{110, {{108, false, 1e-3F}}};
+    case ggml::kQ4_K: return BlockLayout{144, {{0, false, 1e-4F}, {2, false, 1e-4F}}};
+    case ggml::kQ5_K: return BlockLayout{176, {{0, false, 7e-5F}, {2, false, 1e-4F}}};
+    case ggml::kQ6_K: return BlockLayout{210, {{208, false, 6.5e-5F}}};
+    case ggml::kMXFP4: return BlockLayout{17, {{0, true, 0}}};
+    default: return std::nullopt;
+  }
+}
+
+// Writes the bytes of `field` (a value of `width` bytes at absolute tensor position `at`) that
+// fall inside out = [offset, offset + out.size()).
+void Overlay(uint64_t at, const uint8_t* field, size_t width, uint64_t offset,
+             std::span<uint8_t> out) {
+  for (size_t b = 0; b < width; ++b) {
+    if (at + b >= offset && at + b < offset + out.size()) out[at + b - offset] = field[b];
+  }
+}
+
+void OverwriteValueFields(uint64_t key, std::string_view name, uint32_t type, uint64_t offset,
+                          std::span<uint8_t> out) {
+  if (out.empty()) return;
+  const uint64_t value_key = Mix64(key ^ 0x5CA1E5ULL);
+  const bool norm = name.find("norm") != std::string_view::npos;
+  if (type == ggml::kF32 || type == ggml::kF16) {
+    const uint64_t width = type == ggml::kF32 ? 4 : 2;
+    for (uint64_t i = offset / width; i * width < offset + out.size(); ++i) {
+      const float v = (norm ? 1.0F : 0.0F) + 0.1F * Unit(Word(value_key, i));
+      uint8_t bytes[4];
+      if (type == ggml::kF32) {
+        std::memcpy(bytes, &v, 4);
+      } else {
+        const uint16_t h = HalfBits(v);
+        std::memcpy(bytes, &h, 2);
+      }
+      Overlay(i * width, bytes, width, offset, out);
+    }
+    return;
+  }
+  const std::optional<BlockLayout> layout = LayoutOf(type);
+  if (!layout.has_value()) return;
+  for (uint64_t block = offset / layout->bytes; block * layout->bytes < offset + out.size();
+       ++block) {
+    const uint64_t w = Word(value_key, block);
+    for (size_t f = 0; f < layout->fields.size(); ++f) {
+      const ScaleField& field = layout->fields[f];
+      const uint64_t at = block * layout->bytes + field.offset;
+      if (field.e8m0) {
+        const uint8_t e = static_cast<uint8_t>(127 - 9 + ((w >> (8 * f)) % 3));
+        Overlay(at, &e, 1, offset, out);
+      } else {
+        // The base value times 1 .. 2, by block.
+        const float scale = 1.0F + static_cast<float>((w >> (16 * f)) & 0xFFFFu) / 65536.0F;
+        const uint16_t h = HalfBits(field.value * scale);
+        uint8_t bytes[2];
+        std::memcpy(bytes, &h, 2);
+        Overlay(at, bytes, 2, offset, out);
+      }
+    }
+  }
 }
 
 // The writer's plan for one file: which tensors, under which name.
@@ -84,9 +193,55 @@ absl::Status AddTensors(GgufWriter& writer, const std::vector<synth::TensorSpec>
   return absl::OkStatus();
 }
 
+// A SentencePiece-style vocabulary of `size` (>= 512) tokens, as llama.cpp's "llama" tokenizer
+// reads it: <unk>, <s>, </s>, the 256 byte tokens <0x00>..<0xFF> (so any text can be encoded),
+// then "▁" + letters, digits and punctuation, single characters, and two-letter pieces.
+struct Vocab {
+  std::vector<std::string> tokens;
+  std::vector<GgufScalar> scores;
+  std::vector<GgufScalar> types;  // 1 normal, 2 unknown, 3 control, 6 byte
+};
+
+Vocab SynthVocab(size_t size) {
+  Vocab v;
+  auto add = [&](std::string token, int32_t type) {
+    if (v.tokens.size() >= size) return;
+    v.scores.emplace_back(-static_cast<float>(v.tokens.size()));
+    v.types.emplace_back(type);
+    v.tokens.push_back(std::move(token));
+  };
+  add("<unk>", 2);
+  add("<s>", 3);
+  add("</s>", 3);
+  for (int b = 0; b < 256; ++b) add(absl::StrFormat("<0x%02X>", b), 6);
+  const std::string space = "\xE2\x96\x81";  // U+2581, SentencePiece's word boundary
+  const std::string chars =
+      "etaoinshrdlucmfwypvbgkjqxzETAOINSHRDLUCMFWYPVBGKJQXZ0123456789.,;:!?'\"-()";
+  add(space, 1);
+  for (char c : chars) add(space + c, 1);
+  for (char c : chars) add(std::string(1, c), 1);
+  for (char a : chars) {
+    for (char b : chars) add(std::string(1, a) + b, 1);
+  }
+  return v;
+}
+
+absl::Status AddTokenizer(GgufWriter& writer) {
+  const Vocab v = SynthVocab(synth::kSynthVocab);
+  RETURN_IF_ERROR(writer.AddKv("tokenizer.ggml.model", GgufScalar(std::string("llama"))));
+  RETURN_IF_ERROR(writer.AddStringArray("tokenizer.ggml.tokens", v.tokens));
+  RETURN_IF_ERROR(writer.AddArray("tokenizer.ggml.scores", GgufType::kF32, v.scores));
+  RETURN_IF_ERROR(writer.AddArray("tokenizer.ggml.token_type", GgufType::kI32, v.types));
+  RETURN_IF_ERROR(writer.AddKv("tokenizer.ggml.unknown_token_id", GgufScalar(uint32_t{0})));
+  RETURN_IF_ERROR(writer.AddKv("tokenizer.ggml.bos_token_id", GgufScalar(uint32_t{1})));
+  RETURN_IF_ERROR(writer.AddKv("tokenizer.ggml.eos_token_id", GgufScalar(uint32_t{2})));
+  return writer.AddKv("tokenizer.ggml.add_bos_token", GgufScalar(true));
+}
+
 absl::Status AddMetadata(GgufWriter& writer, const synth::ModelSpec& spec,
                          const SynthOptions& options) {
   for (const auto& [key, value] : spec.kvs) RETURN_IF_ERROR(writer.AddKv(key, value));
+  RETURN_IF_ERROR(AddTokenizer(writer));
   // Lets a tool that finds the file recompute any tensor's bytes (SynthTensorBytes).
   RETURN_IF_ERROR(writer.AddKv("expertd.synth.preset", GgufScalar(options.preset)));
   RETURN_IF_ERROR(writer.AddKv("expertd.synth.seed", GgufScalar(options.seed)));
@@ -130,8 +285,8 @@ void RemoveAll(const std::vector<std::string>& paths) {
 
 }  // namespace
 
-void SynthTensorBytes(uint64_t seed, std::string_view tensor_name, uint64_t offset,
-                      std::span<uint8_t> out) {
+void SynthTensorBytes(uint64_t seed, std::string_view tensor_name, uint32_t type,
+                      uint64_t offset, std::span<uint8_t> out) {
   const uint64_t key = Mix64(Fnv1a64(tensor_name) ^ Mix64(seed + kGolden));
   uint8_t* p = out.data();
   size_t n = out.size();
@@ -145,6 +300,7 @@ void SynthTensorBytes(uint64_t seed, std::string_view tensor_name, uint64_t offs
   }
   for (; n >= 8; p += 8, n -= 8) StoreLe(p, Word(key, index++), 8);
   if (n > 0) StoreLe(p, Word(key, index), n);
+  OverwriteValueFields(key, tensor_name, type, offset, out);
 }
 
 absl::StatusOr<std::vector<std::string>> SynthesizeModel(const SynthOptions& options) {
@@ -187,7 +343,7 @@ absl::StatusOr<std::vector<std::string>> SynthesizeModel(const SynthOptions& opt
     const std::string tmp = shard.path + ".partial";
     const std::vector<GgufWriterTensor>& tensors = shard.writer.tensors();
     const auto fill = [&](size_t i, uint64_t offset, std::span<uint8_t> out) {
-      SynthTensorBytes(options.seed, tensors[i].name, offset, out);
+      SynthTensorBytes(options.seed, tensors[i].name, tensors[i].type.id, offset, out);
       return absl::OkStatus();
     };
     const auto progress = [&](uint64_t written) {

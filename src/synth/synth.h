@@ -1,7 +1,8 @@
 // Synthetic MoE models: valid GGUF files with the real tensor names, ggml types and layer
-// structure of a model family, scaled down so they build in seconds. Tensor bytes are a pure
-// function of (seed, tensor name, byte offset), so any expert's bytes can be recomputed to
-// verify what a pack, a staging buffer or a slot holds.
+// structure of a model family, scaled down so they build in seconds, with a tokenizer and finite
+// weights so that llama.cpp runs them. Tensor bytes are a pure function of (seed, tensor name,
+// type, byte offset), so any expert's bytes can be recomputed to verify what a pack, a staging
+// buffer or a slot holds.
 #pragma once
 
 #include <cstdint>
@@ -35,9 +36,12 @@ std::span<const SynthPresetInfo> SynthPresets();
 // Writes the model; returns the paths written (shard order).
 absl::StatusOr<std::vector<std::string>> SynthesizeModel(const SynthOptions& options);
 
-// Fills `out` with the bytes at [offset, offset + out.size()) of tensor `tensor_name`'s data in a
-// model synthesized with `seed`. Independent of preset, scale and split.
-void SynthTensorBytes(uint64_t seed, std::string_view tensor_name, uint64_t offset,
+// Fills `out` with the bytes at [offset, offset + out.size()) of tensor `tensor_name`'s data (of
+// ggml type `type`) in a model synthesized with `seed`. Independent of preset, scale and split.
+// The bytes are pseudo-random except where a type keeps its magnitudes: block scales and float
+// elements hold finite values of a sensible size (docs/synth.md, "Values"), so llama.cpp runs
+// the models with finite logits.
+void SynthTensorBytes(uint64_t seed, std::string_view tensor_name, uint32_t type, uint64_t offset,
                       std::span<uint8_t> out);
 
 }  // namespace expertd

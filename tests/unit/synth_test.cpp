@@ -6,8 +6,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <limits>
+#include <map>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -37,9 +42,10 @@ std::vector<uint8_t> ReadRange(const std::string& path, uint64_t offset, uint64_
   return out;
 }
 
-std::vector<uint8_t> Synth(uint64_t seed, const std::string& name, uint64_t offset, uint64_t n) {
+std::vector<uint8_t> Synth(uint64_t seed, const std::string& name, uint32_t type, uint64_t offset,
+                           uint64_t n) {
   std::vector<uint8_t> out(n);
-  SynthTensorBytes(seed, name, offset, out);
+  SynthTensorBytes(seed, name, type, offset, out);
   return out;
 }
 
@@ -265,28 +271,36 @@ TEST(GgufWriter, WriteErrorsLeaveNoFile) {
 // ---------------------------------------------------------------------------------------------
 // SynthTensorBytes
 
-TEST(SynthTensorBytes, AnyRangeMatchesTheWholeStream) {
-  const std::vector<uint8_t> whole = Synth(7, "blk.0.ffn_up_exps.weight", 0, 1000);
+// Every type with value fields (scales overwritten at block positions) and a plain one.
+class SynthTensorBytesTest : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(SynthTensorBytesTest, AnyRangeMatchesTheWholeStream) {
+  const uint32_t type = GetParam();
+  const std::vector<uint8_t> whole = Synth(7, "blk.0.ffn_up_exps.weight", type, 0, 1000);
   // Pieces with unaligned starts and lengths, including empty and single bytes.
   const std::vector<std::pair<uint64_t, uint64_t>> pieces = {
       {0, 0}, {0, 3}, {3, 1}, {4, 13}, {17, 8}, {25, 7}, {32, 500}, {532, 468}};
   std::vector<uint8_t> joined;
   for (const auto& [offset, n] : pieces) {
-    const std::vector<uint8_t> part = Synth(7, "blk.0.ffn_up_exps.weight", offset, n);
+    const std::vector<uint8_t> part = Synth(7, "blk.0.ffn_up_exps.weight", type, offset, n);
     joined.insert(joined.end(), part.begin(), part.end());
   }
   EXPECT_EQ(joined, whole);
-  EXPECT_EQ(Synth(7, "blk.0.ffn_up_exps.weight", 995, 5),
+  EXPECT_EQ(Synth(7, "blk.0.ffn_up_exps.weight", type, 995, 5),
             std::vector<uint8_t>(whole.end() - 5, whole.end()));
-  EXPECT_NE(Synth(8, "blk.0.ffn_up_exps.weight", 0, 64),
-            Synth(7, "blk.0.ffn_up_exps.weight", 0, 64));
-  EXPECT_NE(Synth(7, "blk.1.ffn_up_exps.weight", 0, 64),
-            Synth(7, "blk.0.ffn_up_exps.weight", 0, 64));
+  EXPECT_NE(Synth(8, "blk.0.ffn_up_exps.weight", type, 0, 64),
+            Synth(7, "blk.0.ffn_up_exps.weight", type, 0, 64));
+  EXPECT_NE(Synth(7, "blk.1.ffn_up_exps.weight", type, 0, 64),
+            Synth(7, "blk.0.ffn_up_exps.weight", type, 0, 64));
   // Far offsets (multi-GiB tensors) need no preceding bytes.
   const uint64_t far = (uint64_t{5} << 32) + 3;
-  const std::vector<uint8_t> around = Synth(7, "x", far - 3, 12);
-  EXPECT_EQ(Synth(7, "x", far, 9), std::vector<uint8_t>(around.begin() + 3, around.end()));
+  const std::vector<uint8_t> around = Synth(7, "x", type, far - 3, 12);
+  EXPECT_EQ(Synth(7, "x", type, far, 9), std::vector<uint8_t>(around.begin() + 3, around.end()));
 }
+
+INSTANTIATE_TEST_SUITE_P(Types, SynthTensorBytesTest,
+                         ::testing::Values(ggml::kI8, ggml::kF32, ggml::kF16, ggml::kQ4_K,
+                                           ggml::kQ6_K, ggml::kQ8_0, ggml::kQ5_0, ggml::kMXFP4));
 
 // ---------------------------------------------------------------------------------------------
 // Presets, as docs/synth.md defines them
@@ -382,7 +396,7 @@ void ExpectSampledBytes(const std::string& path, const GgufTensorInfo& t, uint64
   const std::vector<std::pair<uint64_t, uint64_t>> samples = {
       {0, 64}, {t.nbytes / 2 + 3, 61}, {t.nbytes - 13, 13}};
   for (const auto& [offset, n] : samples) {
-    EXPECT_EQ(ReadRange(path, t.file_offset + offset, n), Synth(seed, t.name, offset, n))
+    EXPECT_EQ(ReadRange(path, t.file_offset + offset, n), Synth(seed, t.name, t.type.id, offset, n))
         << t.name << " at " << offset;
   }
 }
@@ -429,6 +443,59 @@ TEST(SynthPreset, EveryPresetMatchesItsDefinition) {
   }
 }
 
+// llama.cpp must get finite values: every float element, and every block scale (ggml-common.h's
+// block structs: where each type keeps its fp16 d/dmin or its E8M0 exponent), in every preset.
+float HalfToFloat(uint16_t h) {
+  const int exp = (h >> 10) & 0x1F;
+  const int mant = h & 0x3FF;
+  const float sign = (h & 0x8000) != 0 ? -1.0F : 1.0F;
+  if (exp == 0x1F) return mant != 0 ? std::numeric_limits<float>::quiet_NaN()
+                                    : sign * std::numeric_limits<float>::infinity();
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(mant), -24);
+  return sign * std::ldexp(static_cast<float>(mant + 1024), exp - 25);
+}
+
+TEST(SynthPreset, EveryScaleAndFloatIsFiniteAndSmall) {
+  // Block bytes and the offsets of its fp16 scales (MXFP4: its exponent byte at 0).
+  const std::map<uint32_t, std::pair<uint32_t, std::vector<uint32_t>>> layouts = {
+      {ggml::kQ4_K, {144, {0, 2}}}, {ggml::kQ6_K, {210, {208}}}, {ggml::kQ8_0, {34, {0}}},
+      {ggml::kQ5_0, {22, {0}}},     {ggml::kMXFP4, {17, {}}}};
+  for (const SynthPresetInfo& preset : SynthPresets()) {
+    SCOPED_TRACE(std::string(preset.name));
+    TempDir dir;
+    ASSERT_TRUE(Make(std::string(preset.name), dir.path(), 3).ok());
+    const auto f = GgufFile::Read(dir.File("model.gguf"));
+    ASSERT_TRUE(f.ok()) << f.status();
+    for (const GgufTensorInfo& t : f->tensors()) {
+      const std::vector<uint8_t> bytes = ReadRange(dir.File("model.gguf"), t.file_offset, t.nbytes);
+      if (t.type.id == ggml::kF32) {
+        for (size_t i = 0; i + 4 <= bytes.size(); i += 4) {
+          float v = 0;
+          std::memcpy(&v, &bytes[i], 4);
+          ASSERT_TRUE(std::isfinite(v) && std::fabs(v) < 2.0F) << t.name << " element " << i / 4;
+        }
+        continue;
+      }
+      const auto it = layouts.find(t.type.id);
+      ASSERT_NE(it, layouts.end()) << t.name << ": a type this test does not know";
+      const auto& [block, scales] = it->second;
+      ASSERT_EQ(bytes.size() % block, 0u) << t.name;
+      for (size_t b = 0; b < bytes.size(); b += block) {
+        if (t.type.id == ggml::kMXFP4) {
+          // E8M0: 2^(e - 127); ggml reads half of it. Weights stay below 12 * 2^(e - 128).
+          ASSERT_GE(bytes[b], 110) << t.name;
+          ASSERT_LE(bytes[b], 127) << t.name;
+          continue;
+        }
+        for (uint32_t at : scales) {
+          const float d = HalfToFloat(static_cast<uint16_t>(bytes[b + at] | bytes[b + at + 1] << 8));
+          ASSERT_TRUE(std::isfinite(d) && d > 0 && d < 0.01F) << t.name << " block " << b / block;
+        }
+      }
+    }
+  }
+}
+
 TEST(SynthPreset, ArchitectureSpecificMetadata) {
   TempDir dir;
   ASSERT_TRUE(Make("deepseek-tiny", dir.path()).ok());
@@ -445,7 +512,7 @@ TEST(SynthPreset, ArchitectureSpecificMetadata) {
   // followed by zero padding.
   for (const GgufTensorInfo& t : f->tensors()) {
     const uint64_t padded = AlignUp(t.nbytes, f->alignment());
-    std::vector<uint8_t> expected = Synth(1, t.name, 0, t.nbytes);
+    std::vector<uint8_t> expected = Synth(1, t.name, t.type.id, 0, t.nbytes);
     expected.resize(padded, 0);
     ASSERT_EQ(ReadRange(dir.File("model.gguf"), t.file_offset, padded), expected) << t.name;
   }

@@ -1,0 +1,140 @@
+// A fixed-input greedy decode through llama.cpp's C API, for comparing runs bit for bit:
+// evaluates a prompt of token ids, then greedily decodes N steps, and writes the full logits row
+// of every step (the prompt's last position, then each decoded token) as float32 to OUT.
+//
+//   llama_logits MODEL.gguf OUT [--tokens 1,2,3] [--steps N] [--threads T] [--ctx N]
+//                [--no-repack] [--ubatch N]
+//
+// Everything else (expertd included, through LLAMA_ARG_EXPERTD / LLAMA_ARG_EXPERTD_MODEL) comes
+// from llama.cpp's defaults. Prints the decoded token ids and, per step, the logits' mean and
+// spread. Exit 0 when every step decoded with finite, non-constant logits; 1 when a decode failed
+// or a logit was NaN/Inf or all were equal; 2 on usage or load errors.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "llama.h"
+
+namespace {
+
+std::vector<llama_token> ParseTokens(const char* list) {
+  std::vector<llama_token> out;
+  for (const char* p = list; *p != '\0';) {
+    char* end = nullptr;
+    out.push_back(static_cast<llama_token>(std::strtol(p, &end, 10)));
+    p = *end == ',' ? end + 1 : end;
+    if (end == p && *p != '\0') break;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: llama_logits MODEL.gguf OUT [--tokens 1,2,3] [--steps N] "
+                         "[--threads T] [--ctx N] [--no-repack] [--ubatch N]\n");
+    return 2;
+  }
+  const char* model_path = argv[1];
+  const char* out_path = argv[2];
+  std::vector<llama_token> prompt = {1, 300, 301, 302, 303, 304, 305, 306};
+  int steps = 32, threads = 2, n_ctx = 256, ubatch = 512;
+  bool repack = true;
+  for (int i = 3; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (a == "--tokens" && has_value) {
+      prompt = ParseTokens(argv[++i]);
+    } else if (a == "--steps" && has_value) {
+      steps = std::atoi(argv[++i]);
+    } else if (a == "--threads" && has_value) {
+      threads = std::atoi(argv[++i]);
+    } else if (a == "--ctx" && has_value) {
+      n_ctx = std::atoi(argv[++i]);
+    } else if (a == "--ubatch" && has_value) {
+      ubatch = std::atoi(argv[++i]);
+    } else if (a == "--no-repack") {
+      repack = false;
+    } else {
+      std::fprintf(stderr, "llama_logits: unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (prompt.empty() || steps < 0) {
+    std::fprintf(stderr, "llama_logits: an empty prompt or negative steps\n");
+    return 2;
+  }
+
+  llama_backend_init();
+  llama_model_params mp = llama_model_default_params();
+  mp.n_gpu_layers = 0;
+  mp.use_extra_bufts = repack;
+  llama_model* model = llama_model_load_from_file(model_path, mp);
+  if (model == nullptr) {
+    std::fprintf(stderr, "llama_logits: cannot load %s\n", model_path);
+    return 2;
+  }
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = static_cast<uint32_t>(n_ctx);
+  cp.n_batch = static_cast<uint32_t>(std::max<size_t>(prompt.size(), 1));
+  cp.n_ubatch = static_cast<uint32_t>(ubatch);
+  cp.n_threads = threads;
+  cp.n_threads_batch = threads;
+  llama_context* ctx = llama_init_from_model(model, cp);
+  if (ctx == nullptr) {
+    std::fprintf(stderr, "llama_logits: cannot create a context\n");
+    llama_model_free(model);
+    return 2;
+  }
+  const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+
+  FILE* out = std::fopen(out_path, "wb");
+  if (out == nullptr) {
+    std::fprintf(stderr, "llama_logits: cannot write %s\n", out_path);
+    return 2;
+  }
+  int rc = 0;
+  std::vector<llama_token> next = prompt;
+  std::printf("tokens:");
+  for (int step = 0; step <= steps; ++step) {
+    const int32_t ret =
+        llama_decode(ctx, llama_batch_get_one(next.data(), static_cast<int32_t>(next.size())));
+    if (ret != 0) {
+      std::fprintf(stderr, "\nllama_logits: decode of step %d failed (%d)\n", step, ret);
+      rc = 1;
+      break;
+    }
+    const float* logits = llama_get_logits_ith(ctx, -1);
+    std::fwrite(logits, sizeof(float), static_cast<size_t>(n_vocab), out);
+    int best = 0;
+    double sum = 0, sum2 = 0;
+    bool finite = true;
+    for (int v = 0; v < n_vocab; ++v) {
+      finite = finite && std::isfinite(logits[v]);
+      sum += logits[v];
+      sum2 += static_cast<double>(logits[v]) * logits[v];
+      if (logits[v] > logits[best]) best = v;
+    }
+    const double mean = sum / n_vocab;
+    const double spread = std::sqrt(std::max(0.0, sum2 / n_vocab - mean * mean));
+    if (!finite || !(spread > 0)) {
+      std::fprintf(stderr, "\nllama_logits: step %d: %s logits (mean %g, spread %g)\n", step,
+                   finite ? "constant" : "non-finite", mean, spread);
+      rc = 1;
+      break;
+    }
+    std::printf(" %d", best);
+    if (step == 0) std::fprintf(stderr, "step 0: logits mean %.4f spread %.4f\n", mean, spread);
+    next.assign(1, best);
+  }
+  std::printf("\n");
+  std::fclose(out);
+  llama_free(ctx);
+  llama_model_free(model);
+  llama_backend_free();
+  return rc;
+}
