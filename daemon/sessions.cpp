@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 #include "util/status.h"
 
 namespace expertd {
@@ -549,6 +550,10 @@ void SessionRegistry::ReapOnce(absl::Time now) {
     }
   }
   for (Expired& e : expired) {
+    spdlog::warn("session {} ({}, pid {}): lease {} of layer {} reclaimed: held longer than "
+                 "limits.lease_ttl while the session sent nothing",
+                 e.session->id(), e.session->client_name().empty() ? "-" : e.session->client_name(),
+                 e.session->peer().pid, e.lease, e.grant.layer);
     e.session->Reclaim(e.grant);
     v1::SessionResponse r;
     r.mutable_lease_expired()->set_lease(e.lease);

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The llama tests' build: llama.cpp with expertd's change (scripts/llama-build, the library and
+# llama-completion only) into LLAMA_OUT, and the logits driver against it. Exit 77 (skipped)
+# with the reason when no llama.cpp source is found.
+#   build.sh LLAMA_OUT
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+out=$1
+mkdir -p "$out"
+rm -f "$out/SKIPPED" "$out/llama_logits"
+src=${LLAMA_CPP_SRC:-$(cd "$root/.." && pwd)/shared/thirdparty/llama.cpp/llama.cpp-ggml0.23.0.tar.xz}
+if [ ! -e "$src" ]; then
+  echo "no llama.cpp source: neither \$LLAMA_CPP_SRC nor $src exists" | tee "$out/SKIPPED"
+  echo "SKIP: $(cat "$out/SKIPPED")"
+  exit 77
+fi
+start=$(date +%s)
+"$root/scripts/llama-build" --src "$src" --targets "llama llama-completion" "$out"
+g++ -O2 -std=c++17 -I"$out/src/include" -I"$out/src/ggml/include" "$here/llama_logits.cpp" \
+  -L"$out/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$out/bin" -o "$out/llama_logits"
+echo "llama.cpp with expertd's change built in $(( $(date +%s) - start )) s: $out"
