@@ -28,9 +28,8 @@
  *   EXPERTD_SessionDelete(session); EXPERTD_ClientDelete(client);
  *
  * Pointers into arenas are read-only. With the host device they are addresses in this process
- * (shared memory the daemon exported); with the CUDA device they will be device pointers opened
- * from CUDA IPC handles (EXPERTD_SessionDeviceKind says which). Today this library maps
- * host-device sessions only: EXPERTD_SessionNew on a CUDA model answers UNIMPLEMENTED.
+ * (shared memory the daemon exported); with the CUDA device they are device pointers opened once
+ * per process from CUDA IPC handles (EXPERTD_SessionDevice says which).
  *
  * Threading: a client's connection and a session's acquire / prefetch / release / poll calls
  * may be used from several threads at once. The client's model-list cache (EXPERTD_ClientListModels

@@ -47,7 +47,7 @@ stop_daemon
 
 echo "== the daemon killed mid-generation"
 start_daemon 64MiB
-LLAMA_ARG_EXPERTD=unix://$sock "$driver" "$model" "$work/long.bin" --no-repack --steps 100000 \
+LLAMA_ARG_EXPERTD=unix://$sock "$driver" "$model" "$work/long.bin" --no-repack --steps 4000 --ctx 4200 \
   > /dev/null 2> "$work/killed.err" &
 engine=$!
 for _ in $(seq 1 600); do grep -q "^step 0" "$work/killed.err" && break; sleep 0.1; done
@@ -67,12 +67,20 @@ grep -q "expertd: layer .*UNAVAILABLE" "$work/killed.err" ||
 echo "engine stopped ${ms} ms after the daemon died: $(grep -m1 'expertd: layer' "$work/killed.err")"
 
 echo "== leases reclaimed while the engine is stopped"
-run_driver "$work/stock.bin" --steps 400 > /dev/null 2> "$work/stock.err" || fail "stock"
+# Experts 16 times wider, so that the engine holds a lease most of the time; leases live 100 ms
+# once the session goes quiet; the engine is stopped for 400 ms at random moments.
+"$root/build/bin/expertctl" synth --preset mixtral-tiny --scale 16 --out "$work/wide" --seed 7 --quiet > /dev/null
+model=$work/wide/model.gguf
+run_driver "$work/stock.bin" --steps 150 --ctx 256 > /dev/null 2> "$work/stock.err" || fail "stock"
+start_daemon 1GiB
+stop_daemon
 sed -i 's/^max_experts_per_acquire = 256$/max_experts_per_acquire = 256\nlease_ttl = "100ms"/' "$work/expertd.toml"
 "$root/build/bin/expertd" --config "$work/expertd.toml" --socket "$sock" > "$work/daemon-ttl.log" 2>&1 &
 daemon_pid=$!
 for _ in $(seq 1 300); do "$root/build/bin/expertctl" health --addr "unix://$sock" > /dev/null 2>&1 && break; sleep 0.1; done
-LLAMA_ARG_EXPERTD=unix://$sock run_driver "$work/ttl.bin" --steps 400 > /dev/null 2> "$work/ttl.err" &
+# The driver itself in the background (not through a function: $! must be its pid).
+LLAMA_ARG_EXPERTD=unix://$sock "$driver" "$model" "$work/ttl.bin" --tokens "$prompt_ids" --no-repack \
+  --threads 2 --steps 150 --ubatch 4 --ctx 256 > /dev/null 2> "$work/ttl.err" &
 engine=$!
 for _ in $(seq 1 600); do grep -q "^step 0" "$work/ttl.err" && break; sleep 0.1; done
 cycles=0

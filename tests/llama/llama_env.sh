@@ -29,20 +29,23 @@ synth() {
   "$root/build/bin/expertctl" synth --preset "$1" --out "$work/m" --seed 7 --quiet > /dev/null ||
     fail "synth $1"
   model=$work/m/model.gguf
-  expert_bytes=$("$root/build/bin/expertctl" inspect "$model" --json |
-                 python3 -c 'import json,sys; print(json.load(sys.stdin)["moe"]["expert_bytes_total"])')
+  read -r expert_bytes bundles top_k < <("$root/build/bin/expertctl" inspect "$model" --json |
+    python3 -c 'import json,sys; m=json.load(sys.stdin)["moe"]
+print(m["expert_bytes_total"], len(m["layer_blocks"]) * m["n_expert"], m["n_expert_used"])')
 }
 
 # start_daemon SLOT_MEMORY_BYTES [NAME]: expertd serving $model on the host device.
 start_daemon() {
   sock=$work/run/expertd.sock
+  local slot=$1
+  case $slot in *[!0-9]*) slot="\"$slot\"" ;; esac  # a bare integer is bytes
   cat > "$work/expertd.toml" <<TOML
 [[model]]
 name = "${2:-synth}"
 gguf = "$model"
 [device]
 kind = "host"
-slot_memory = "$1"
+slot_memory = $slot
 [cache]
 policy = "lru"
 [predictor]
@@ -72,10 +75,11 @@ stats_field() {
     python3 -c "import json,sys; j=json.load(sys.stdin); print(j['models'][0]['$1'])"
 }
 
-# run_driver OUT [ARGS...]: the driver's fixed 8-token prompt in micro-batches of 4 tokens (so a
-# quarter pool holds every expert one micro-batch routes to), then 32 greedy steps, 2 threads,
-# weights not repacked.
+# run_driver OUT [ARGS...]: a fixed prompt of 32 token ids (BOS and 31 distinct ones, so that
+# routes vary) in micro-batches of 4 tokens (so that a quarter pool holds every expert one
+# micro-batch routes to), then 32 greedy steps, 2 threads, weights not repacked.
+prompt_ids=1,$(seq -s, 300 17 827)
 run_driver() {
   local out=$1; shift
-  "$driver" "$model" "$out" --no-repack --threads 2 --steps 32 --ubatch 4 "$@"
+  "$driver" "$model" "$out" --tokens "$prompt_ids" --no-repack --threads 2 --steps 32 --ubatch 4 "$@"
 }

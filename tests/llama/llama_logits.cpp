@@ -6,9 +6,11 @@
 //                [--no-repack] [--ubatch N]
 //
 // Everything else (expertd included, through LLAMA_ARG_EXPERTD / LLAMA_ARG_EXPERTD_MODEL) comes
-// from llama.cpp's defaults. Prints the decoded token ids and, per step, the logits' mean and
-// spread. Exit 0 when every step decoded with finite, non-constant logits; 1 when a decode failed
+// from llama.cpp's defaults. Prints the decoded token ids, the first step's logits mean and
+// spread, and a timing line (prompt and decode, wall clock). Exit 0 when every step decoded with finite, non-constant logits; 1 when a decode failed
 // or a logit was NaN/Inf or all were equal; 2 on usage or load errors.
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -100,6 +102,10 @@ int main(int argc, char** argv) {
   int rc = 0;
   std::vector<llama_token> next = prompt;
   std::printf("tokens:");
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto t_prompt = t0;
+  int decoded = 0;
   for (int step = 0; step <= steps; ++step) {
     const int32_t ret =
         llama_decode(ctx, llama_batch_get_one(next.data(), static_cast<int32_t>(next.size())));
@@ -128,10 +134,22 @@ int main(int argc, char** argv) {
       break;
     }
     std::printf(" %d", best);
-    if (step == 0) std::fprintf(stderr, "step 0: logits mean %.4f spread %.4f\n", mean, spread);
+    if (step == 0) {
+      std::fprintf(stderr, "step 0: logits mean %.4f spread %.4f\n", mean, spread);
+      t_prompt = clock::now();
+    } else {
+      ++decoded;
+    }
     next.assign(1, best);
   }
   std::printf("\n");
+  const auto t_end = clock::now();
+  const double prompt_ms = std::chrono::duration<double, std::milli>(t_prompt - t0).count();
+  const double decode_ms = std::chrono::duration<double, std::milli>(t_end - t_prompt).count();
+  std::fprintf(stderr, "timing: prompt %zu tokens in %.1f ms (%.1f tokens/s); decode %d tokens in %.1f ms "
+               "(%.2f tokens/s, %.3f ms/token)\n", prompt.size(), prompt_ms,
+               prompt.size() * 1000.0 / std::max(prompt_ms, 1e-9), decoded, decode_ms,
+               decoded * 1000.0 / std::max(decode_ms, 1e-9), decoded ? decode_ms / decoded : 0.0);
   std::fclose(out);
   llama_free(ctx);
   llama_model_free(model);
