@@ -12,9 +12,11 @@
 #   expertd-full    the experts from expertd, a pool holding all of them (repacking on for the
 #                   rest of the model; the arenas are never repacked)
 #   expertd-norepack, expertd-quarter   the same without repacking; with a quarter of them
+#   stock-norepack-poll0, expertd-norepack-poll0   idle ggml workers sleep instead of spinning
 # Prints a Markdown table: prompt and decode tokens/s, decode relative to stock-norepack, peak
-# RSS, and for expertd runs the acquires per token and what the extra time per token comes to
-# per acquire. Needs build/llama (ctest -R llama.build, or tests/llama/build.sh build/llama).
+# RSS and the private part of RSS at the end (the arenas are shared memory of the daemon), and
+# for expertd runs what the extra time per token comes to per MoE layer (one acquire and one
+# release each). Needs build/llama (ctest -R llama.build, or tests/llama/build.sh build/llama).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 scale=16 steps=64 prompt_len=64 threads=2
@@ -61,27 +63,30 @@ start_daemon() {  # start_daemon SLOT_BYTES
 }
 stop_daemon() { kill -TERM $daemon; wait $daemon || true; daemon=; }
 
-# run NAME [driver args]: prints "pp_tps tg_tps ms_per_token rss_mib".
+# run NAME [driver args]: prints "pp_tps tg_tps ms_per_token peak_rss_mib private_mib".
 run() {
   local name=$1; shift
-  /usr/bin/time -f "%M" -o "$work/$name.rss" "$driver" "$model" "$work/$name.bin" --tokens "$tokens" \
+  "$driver" "$model" "$work/$name.bin" --tokens "$tokens" \
     --steps "$steps" --threads "$threads" --ubatch "$prompt_len" "$@" > /dev/null 2> "$work/$name.err" ||
     { tail "$work/$name.err" >&2; echo "llama_bench: $name failed" >&2; exit 1; }
-  python3 - "$work/$name.err" "$work/$name.rss" <<'PY'
+  python3 - "$work/$name.err" <<'PY'
 import re, sys
-t = re.search(r"prompt (\d+) tokens in ([\d.]+) ms .* decode (\d+) tokens in ([\d.]+) ms", open(sys.argv[1]).read())
-rss_kib = int(open(sys.argv[2]).read().split()[-1])
+text = open(sys.argv[1]).read()
+t = re.search(r"prompt (\d+) tokens in ([\d.]+) ms .* decode (\d+) tokens in ([\d.]+) ms", text)
+m = re.search(r"peak rss (\d+) MiB; at the end rss \d+ MiB, private (\d+) MiB", text)
 pp = int(t.group(1)) * 1000 / float(t.group(2)); tg = int(t.group(3)) * 1000 / float(t.group(4))
-print(f"{pp:.1f} {tg:.2f} {float(t.group(4)) / int(t.group(3)):.3f} {rss_kib / 1024:.0f}")
+print(f"{pp:.1f} {tg:.2f} {float(t.group(4)) / int(t.group(3)):.3f} {m.group(1)} {m.group(2)}")
 PY
 }
 
 declare -A result
 result[stock]=$(run stock)
 result[stock-norepack]=$(run stock-norepack --no-repack)
+result[stock-norepack-poll0]=$(run stock-norepack-poll0 --no-repack --poll 0)
 start_daemon $(( expert_bytes * 2 ))
 result[expertd-full]=$(LLAMA_ARG_EXPERTD=unix://$sock run expertd-full)
 result[expertd-norepack]=$(LLAMA_ARG_EXPERTD=unix://$sock run expertd-norepack --no-repack)
+result[expertd-norepack-poll0]=$(LLAMA_ARG_EXPERTD=unix://$sock run expertd-norepack-poll0 --no-repack --poll 0)
 stall_full=$("$root/build/bin/expertctl" stats --addr "unix://$sock" --json |
   python3 -c 'import json,sys; m=json.load(sys.stdin)["models"][0]; print(m["stall_p50_us"])')
 stop_daemon
@@ -93,21 +98,23 @@ stop_daemon
 cmp -s "$work/stock-norepack.bin" "$work/expertd-norepack.bin" || echo "WARNING: expertd-norepack logits differ from stock-norepack" >&2
 cmp -s "$work/stock-norepack.bin" "$work/expertd-quarter.bin" || echo "WARNING: expertd-quarter logits differ from stock-norepack" >&2
 
-read -r _ base_tg base_ms _ <<< "${result[stock-norepack]}"
+read -r _ base_tg base_ms _ _ <<< "${result[stock-norepack]}"
+read -r _ poll_tg poll_ms _ _ <<< "${result[stock-norepack-poll0]}"
 echo "mixtral-tiny x$scale: $((expert_bytes >> 20)) MiB of routed experts, $layers MoE layers; prompt $prompt_len tokens, $steps decode steps, $threads threads"
 echo
-echo "| run | prompt tokens/s | decode tokens/s | decode vs stock-norepack | peak RSS MiB | extra ms/token | per acquire (us) |"
-echo "|---|---|---|---|---|---|---|"
-for name in stock stock-norepack expertd-full expertd-norepack expertd-quarter; do
-  read -r pp tg ms rss <<< "${result[$name]}"
-  python3 - "$name" "$pp" "$tg" "$ms" "$rss" "$base_tg" "$base_ms" "$layers" <<'PY'
+echo "| run | prompt tokens/s | decode tokens/s | decode vs stock-norepack (same polling) | peak RSS MiB | private MiB | extra ms/token | per MoE layer (us) |"
+echo "|---|---|---|---|---|---|---|---|"
+for name in stock stock-norepack expertd-full expertd-norepack expertd-quarter stock-norepack-poll0 expertd-norepack-poll0; do
+  read -r pp tg ms rss priv <<< "${result[$name]}"
+  if [[ $name == *poll0 ]]; then ref_tg=$poll_tg ref_ms=$poll_ms; else ref_tg=$base_tg ref_ms=$base_ms; fi
+  python3 - "$name" "$pp" "$tg" "$ms" "$rss" "$priv" "$ref_tg" "$ref_ms" "$layers" <<'PY'
 import sys
-name, pp, tg, ms, rss, base_tg, base_ms, layers = sys.argv[1:]
-ratio = float(tg) / float(base_tg)
-extra = float(ms) - float(base_ms)
+name, pp, tg, ms, rss, priv, ref_tg, ref_ms, layers = sys.argv[1:]
+ratio = float(tg) / float(ref_tg)
+extra = float(ms) - float(ref_ms)
 per = f"{extra * 1000 / int(layers):.0f}" if name.startswith("expertd") else "-"
 extra_s = f"{extra:+.3f}" if name.startswith("expertd") else "-"
-print(f"| {name} | {pp} | {tg} | {ratio:.2f}x | {rss} | {extra_s} | {per} |")
+print(f"| {name} | {pp} | {tg} | {ratio:.2f}x | {rss} | {priv} | {extra_s} | {per} |")
 PY
 done
 echo

@@ -18,5 +18,5 @@ fi
 start=$(date +%s)
 "$root/scripts/llama-build" --src "$src" --targets "llama llama-completion" "$out"
 g++ -O2 -std=c++17 -I"$out/src/include" -I"$out/src/ggml/include" "$here/llama_logits.cpp" \
-  -L"$out/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$out/bin" -o "$out/llama_logits"
+  -L"$out/bin" -lllama -lggml -lggml-base -lggml-cpu -Wl,-rpath,"$out/bin" -o "$out/llama_logits"
 echo "llama.cpp with expertd's change built in $(( $(date +%s) - start )) s: $out"

@@ -3,11 +3,15 @@
 // of every step (the prompt's last position, then each decoded token) as float32 to OUT.
 //
 //   llama_logits MODEL.gguf OUT [--tokens 1,2,3] [--steps N] [--threads T] [--ctx N]
-//                [--no-repack] [--ubatch N]
+//                [--no-repack] [--ubatch N] [--poll P]
+//
+// --poll P gives the context a ggml CPU threadpool whose idle workers poll at level P (0: they
+// sleep instead of spinning), rather than llama.cpp's default threadpool.
 //
 // Everything else (expertd included, through LLAMA_ARG_EXPERTD / LLAMA_ARG_EXPERTD_MODEL) comes
 // from llama.cpp's defaults. Prints the decoded token ids, the first step's logits mean and
-// spread, and a timing line (prompt and decode, wall clock). Exit 0 when every step decoded with finite, non-constant logits; 1 when a decode failed
+// spread, a timing line (prompt and decode, wall clock) and a memory line (peak RSS; at the end,
+// RSS split into private and shared pages). Exit 0 when every step decoded with finite, non-constant logits; 1 when a decode failed
 // or a logit was NaN/Inf or all were equal; 2 on usage or load errors.
 #include <algorithm>
 #include <chrono>
@@ -18,6 +22,10 @@
 #include <string>
 #include <vector>
 
+#include <fstream>
+#include <sys/resource.h>
+
+#include "ggml-cpu.h"
 #include "llama.h"
 
 namespace {
@@ -33,6 +41,17 @@ std::vector<llama_token> ParseTokens(const char* list) {
   return out;
 }
 
+// "Rss", "Private_Clean", ... of /proc/self/smaps_rollup in KiB (0 when absent).
+long SmapsKiB(const std::string& key) {
+  std::ifstream in("/proc/self/smaps_rollup");
+  std::string line;
+  const std::string prefix = key + ":";
+  while (std::getline(in, line)) {
+    if (line.compare(0, prefix.size(), prefix) == 0) return std::atol(line.c_str() + prefix.size());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -44,7 +63,7 @@ int main(int argc, char** argv) {
   const char* model_path = argv[1];
   const char* out_path = argv[2];
   std::vector<llama_token> prompt = {1, 300, 301, 302, 303, 304, 305, 306};
-  int steps = 32, threads = 2, n_ctx = 256, ubatch = 512;
+  int steps = 32, threads = 2, n_ctx = 256, ubatch = 512, poll = -1;
   bool repack = true;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
@@ -59,6 +78,8 @@ int main(int argc, char** argv) {
       n_ctx = std::atoi(argv[++i]);
     } else if (a == "--ubatch" && has_value) {
       ubatch = std::atoi(argv[++i]);
+    } else if (a == "--poll" && has_value) {
+      poll = std::atoi(argv[++i]);
     } else if (a == "--no-repack") {
       repack = false;
     } else {
@@ -93,6 +114,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+  ggml_threadpool* pool = nullptr;
+  if (poll >= 0) {
+    ggml_threadpool_params tpp = ggml_threadpool_params_default(threads);
+    tpp.poll = static_cast<uint32_t>(poll);
+    pool = ggml_threadpool_new(&tpp);
+    llama_attach_threadpool(ctx, pool, pool);
+  }
 
   FILE* out = std::fopen(out_path, "wb");
   if (out == nullptr) {
@@ -151,7 +179,14 @@ int main(int argc, char** argv) {
                prompt.size() * 1000.0 / std::max(prompt_ms, 1e-9), decoded, decode_ms,
                decoded * 1000.0 / std::max(decode_ms, 1e-9), decoded ? decode_ms / decoded : 0.0);
   std::fclose(out);
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const long priv = SmapsKiB("Private_Clean") + SmapsKiB("Private_Dirty");
+  std::fprintf(stderr, "memory: peak rss %.0f MiB; at the end rss %.0f MiB, private %.0f MiB, shared %.0f MiB\n",
+               usage.ru_maxrss / 1024.0, SmapsKiB("Rss") / 1024.0, priv / 1024.0,
+               (SmapsKiB("Rss") - priv) / 1024.0);
   llama_free(ctx);
+  if (pool != nullptr) ggml_threadpool_free(pool);
   llama_model_free(model);
   llama_backend_free();
   return rc;
