@@ -18,10 +18,7 @@ daemon=$!
 "$waiter" wait "unix://$sock" 120 || { tail -20 "$work/daemon.log"; exit 1; }
 rc=0
 gguf=$XDG_CACHE_HOME/expertd/demo/model.gguf
-python3 "$(dirname "$0")/../support/gguf_tensors.py" "$gguf" | python3 -c '
-import json, sys
-for t in json.load(sys.stdin)["tensors"]:
-    print(t["name"], t["offset"])' > "$work/tensors.txt"
+python3 "$(dirname "$0")/../support/gguf_tensors.py" --offsets "$gguf" > "$work/tensors.txt"
 "$lifetime" "unix://$sock" "$gguf" "$work/tensors.txt" || rc=$?
 kill -TERM $daemon
 drc=0

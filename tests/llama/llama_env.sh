@@ -34,7 +34,7 @@ synth() {
 print(m["expert_bytes_total"], len(m["layer_blocks"]) * m["n_expert"], m["n_expert_used"])')
 }
 
-# start_daemon SLOT_MEMORY_BYTES [NAME]: expertd serving $model on the host device.
+# start_daemon SLOT_MEMORY [NAME [LEASE_TTL]]: expertd serving $model on the host device.
 start_daemon() {
   sock=$work/run/expertd.sock
   local slot=$1
@@ -52,6 +52,7 @@ policy = "lru"
 kind = "none"
 [limits]
 max_experts_per_acquire = 256
+lease_ttl = "${3:-60s}"
 TOML
   "$root/build/bin/expertd" --config "$work/expertd.toml" --socket "$sock" > "$work/daemon.log" 2>&1 &
   daemon_pid=$!

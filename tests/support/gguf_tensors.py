@@ -5,7 +5,8 @@ JSON: {"version", "alignment", "data_offset", "metadata": {key: value}, "tensors
 "type", "ne", "offset"}]} with absolute tensor offsets. Array values are summarized by their
 length ({"array": N}).
 
-  gguf_tensors.py FILE.gguf
+  gguf_tensors.py FILE.gguf            the JSON above
+  gguf_tensors.py --offsets FILE.gguf  one "NAME ABSOLUTE_OFFSET" line per tensor
 """
 import json
 import struct
@@ -71,5 +72,9 @@ def read(path):
 
 
 if __name__ == "__main__":
-    json.dump(read(sys.argv[1]), sys.stdout, indent=1)
-    sys.stdout.write("\n")
+    if len(sys.argv) == 3 and sys.argv[1] == "--offsets":
+        for t in read(sys.argv[2])["tensors"]:
+            print(t["name"], t["offset"])
+    else:
+        json.dump(read(sys.argv[1]), sys.stdout, indent=1)
+        sys.stdout.write("\n")

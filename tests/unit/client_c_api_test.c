@@ -7,8 +7,8 @@
  *                                          folder, runs a full session through the C API
  *                                          against it, then stops it with SIGTERM (exit 0)
  *
- * Granted bytes are compared with the demo model's GGUF file, read by a small GGUF walker of
- * this file's own (not the project's parser). Every mismatch prints file:line and a reason; the
+ * Granted bytes are compared with the demo model's GGUF file, at offsets read by
+ * tests/support/gguf_tensors.py (not the project's parser). Every mismatch prints file:line and a reason; the
  * exit status is 1 if any check failed. */
 #define _POSIX_C_SOURCE 200809L
 
@@ -252,7 +252,7 @@ static void test_unreachable(void) {
   EXPERTD_ErrorDelete(e);
 }
 
-/* ---- The oracle: tensors of a GGUF file (v2/v3), by name ---------------------------------- */
+/* ---- The oracle: the model file's tensor offsets ------------------------------------------ */
 
 enum { kMaxTensors = 4096, kMaxName = 128 };
 
@@ -267,105 +267,24 @@ static struct {
   struct gguf_tensor t[kMaxTensors];
 } gguf; /* filled by gguf_open */
 
-struct cursor {
-  const unsigned char* p;
-  const unsigned char* end;
-  int bad;
-};
-
-static uint64_t take(struct cursor* c, size_t n) {
-  uint64_t v = 0;
-  if ((size_t)(c->end - c->p) < n || n > 8) {
-    c->bad = 1;
-    c->p = c->end;
-    return 0;
-  }
-  for (size_t i = 0; i < n; ++i) v |= (uint64_t)c->p[i] << (8 * i); /* little-endian */
-  c->p += n;
-  return v;
-}
-
-static void skip(struct cursor* c, uint64_t n) {
-  if ((uint64_t)(c->end - c->p) < n) {
-    c->bad = 1;
-    c->p = c->end;
-  } else {
-    c->p += n;
-  }
-}
-
-/* Byte size of a scalar GGUF value type; 0 for string (8) and array (9). */
-static size_t scalar_size(uint32_t type) {
-  static const size_t sizes[13] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
-  return type < 13 ? sizes[type] : 0;
-}
-
-static void skip_value(struct cursor* c, uint32_t type) {
-  if (type == 8) {
-    skip(c, take(c, 8));
-  } else if (type == 9) {
-    const uint32_t elem = (uint32_t)take(c, 4);
-    const uint64_t count = take(c, 8);
-    for (uint64_t i = 0; i < count && !c->bad; ++i) skip_value(c, elem);
-  } else if (scalar_size(type) != 0) {
-    skip(c, scalar_size(type));
-  } else {
-    c->bad = 1;
-  }
-}
-
-/* Reads the header, key/values and tensor infos of `path` (all of it fits in the first 16 MiB
- * for the demo model). Returns 0 on success. */
+/* Opens `path` and reads its tensor offsets from tests/support/gguf_tensors.py --offsets, a GGUF
+ * reader independent of the project's. Returns 0 on success. */
 static int gguf_open(const char* path) {
   gguf.fd = open(path, O_RDONLY);
   if (gguf.fd < 0) return -1;
-  const size_t cap = 16u << 20;
-  unsigned char* head = malloc(cap);
-  if (head == NULL) return -1;
-  const ssize_t got = pread(gguf.fd, head, cap, 0);
-  if (got <= 0) {
-    free(head);
-    return -1;
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "python3 '%s/tests/support/gguf_tensors.py' --offsets '%s'",
+           EXPERTD_SOURCE_DIR, path);
+  FILE* p = popen(cmd, "r");
+  if (p == NULL) return -1;
+  char name[kMaxName];
+  unsigned long long offset = 0;
+  while (gguf.n < kMaxTensors && fscanf(p, "%127s %llu", name, &offset) == 2) {
+    memcpy(gguf.t[gguf.n].name, name, sizeof name);
+    gguf.t[gguf.n].offset = offset;
+    ++gguf.n;
   }
-  struct cursor c = {head, head + got, 0};
-  const uint64_t magic = take(&c, 4);
-  const uint64_t version = take(&c, 4);
-  const uint64_t n_tensors = take(&c, 8);
-  const uint64_t n_kv = take(&c, 8);
-  uint64_t alignment = 32;
-  if (magic != 0x46554747u || version < 2 || n_tensors > kMaxTensors) c.bad = 1;
-  for (uint64_t i = 0; i < n_kv && !c.bad; ++i) {
-    const uint64_t key_len = take(&c, 8);
-    const unsigned char* key = c.p;
-    skip(&c, key_len);
-    const uint32_t type = (uint32_t)take(&c, 4);
-    if (key_len == 17 && memcmp(key, "general.alignment", 17) == 0 && type == 4) {
-      alignment = take(&c, 4);
-    } else {
-      skip_value(&c, type);
-    }
-  }
-  for (uint64_t i = 0; i < n_tensors && !c.bad; ++i) {
-    const uint64_t len = take(&c, 8);
-    if (len >= kMaxName || (uint64_t)(c.end - c.p) < len) {
-      c.bad = 1;
-      break;
-    }
-    memcpy(gguf.t[i].name, c.p, len);
-    gguf.t[i].name[len] = '\0';
-    c.p += len;
-    const uint32_t n_dims = (uint32_t)take(&c, 4);
-    skip(&c, 8 * (uint64_t)n_dims);
-    skip(&c, 4); /* type */
-    gguf.t[i].offset = take(&c, 8);
-  }
-  if (!c.bad && alignment != 0) {
-    const uint64_t data = ((uint64_t)(c.p - head) + alignment - 1) / alignment * alignment;
-    for (uint64_t i = 0; i < n_tensors; ++i) gguf.t[i].offset += data;
-    gguf.n = n_tensors;
-  }
-  free(head);
-  return c.bad ? -1 : 0;
+  return pclose(p) == 0 && gguf.n > 0 ? 0 : -1;
 }
 
 /* Compares `bytes` granted bytes of `expert` with the stacked tensor blk.LAYER.ffn_KIND_exps
