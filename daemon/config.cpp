@@ -412,6 +412,11 @@ void ReadRoot(Reader& r, const toml::table& root, DaemonConfig& c) {
       // gRPC takes the limit as an int.
       {"max_message_bytes", r.Into(lim.max_message_bytes, BytesIn(1024, kMaxI32))},
       {"drain_timeout", r.Into(lim.drain_timeout, DurationFrom(milliseconds(0)))}};
+  const std::vector<Reader::Field> lane = {
+      {"enabled", r.Into<bool>(c.lane.enabled, AsBool)},
+      {"spin_us", r.Into(c.lane.spin_us, IntIn<uint32_t>(0, 10000))},
+      {"request_ring_bytes", r.Into(c.lane.request_ring_bytes, BytesIn(64 << 10, 16 << 20))},
+      {"response_ring_bytes", r.Into(c.lane.response_ring_bytes, BytesIn(64 << 10, 16 << 20))}};
   const std::vector<Reader::Field> logging = {
       {"level", r.Into(c.logging.level, OneOf(kLevels))},
       {"format", r.Into(c.logging.format, OneOf(kFormats))}};
@@ -429,6 +434,7 @@ void ReadRoot(Reader& r, const toml::table& root, DaemonConfig& c) {
        {"cache", r.Section(cache)},
        {"predictor", r.Section(predictor)},
        {"limits", r.Section(limits)},
+       {"lane", r.Section(lane)},
        {"logging", r.Section(logging)},
        {"metrics", r.Section(metrics)},
        {"demo", r.Section(demo)}});
@@ -441,6 +447,10 @@ std::vector<Problem> Validate(const DaemonConfig& c) {
     out.push_back({"listen.unix_socket",
                    absl::StrCat("path is ", l.unix_socket.size(),
                                 " bytes; a Unix socket path holds at most ", kMaxSocketPath)});
+  }
+  for (const auto& [key, bytes] : {std::pair{"lane.request_ring_bytes", c.lane.request_ring_bytes},
+                                   std::pair{"lane.response_ring_bytes", c.lane.response_ring_bytes}}) {
+    if (bytes % 4096 != 0) out.push_back({key, "must be a multiple of 4 KiB"});
   }
   if ((l.directory_mode & 0700) != 0700) {
     out.push_back({"listen.directory_mode",
@@ -628,6 +638,10 @@ absl::Status ApplyReloadable(const DaemonConfig& fresh, DaemonConfig& live) {
   diff("limits.session_attach_timeout", fm.session_attach_timeout, lm.session_attach_timeout);
   diff("limits.max_message_bytes", fm.max_message_bytes, lm.max_message_bytes);
   diff("limits.drain_timeout", fm.drain_timeout, lm.drain_timeout);
+  diff("lane.enabled", fresh.lane.enabled, live.lane.enabled);
+  diff("lane.spin_us", fresh.lane.spin_us, live.lane.spin_us);
+  diff("lane.request_ring_bytes", fresh.lane.request_ring_bytes, live.lane.request_ring_bytes);
+  diff("lane.response_ring_bytes", fresh.lane.response_ring_bytes, live.lane.response_ring_bytes);
   diff("logging.format", fresh.logging.format, live.logging.format);
   diff("metrics.listen", fresh.metrics.listen, live.metrics.listen);
   diff("demo.cache_dir", fresh.demo.cache_dir, live.demo.cache_dir);

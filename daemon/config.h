@@ -153,6 +153,16 @@ struct LimitsConfig {
   bool operator==(const LimitsConfig&) const = default;
 };
 
+// [lane]: the per-session request lane in shared memory (docs/protocol.md, "The request lane").
+struct LaneConfig {
+  bool enabled = true;  // false: every session uses its gRPC stream for everything
+  // How long a session's lane thread keeps looking for the next request before it sleeps.
+  uint32_t spin_us = 50;                    // 0..10000
+  uint64_t request_ring_bytes = 64 << 10;   // multiples of 4 KiB, 64 KiB..16 MiB
+  uint64_t response_ring_bytes = 256 << 10;
+  bool operator==(const LaneConfig&) const = default;
+};
+
 // [logging]: `level` is reloadable, `format` is not.
 struct LoggingConfig {
   enum class Level { kTrace, kDebug, kInfo, kWarn, kError, kOff };
@@ -184,6 +194,7 @@ struct DaemonConfig {
   CacheConfig cache;
   PredictorConfig predictor;
   LimitsConfig limits;
+  LaneConfig lane;
   LoggingConfig logging;
   MetricsConfig metrics;
   DemoConfig demo;

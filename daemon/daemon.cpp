@@ -17,6 +17,7 @@
 #include "device/cuda_factory.h"
 #include "device/device_probe.h"
 #include "device/host/host_device.h"
+#include "lane_server.h"
 #include "lifecycle.h"
 #include "metrics.h"
 #include "served_model.h"
@@ -54,6 +55,19 @@ PackSetOptions PackOptionsFrom(const DaemonConfig& c) {
   }
   po.max_eio_retries = c.readers.max_eio_retries;
   return po;
+}
+
+LaneOptions LanesFrom(const DaemonConfig& config) {
+  LaneOptions o;
+  o.enabled = config.lane.enabled;
+  o.spin = absl::Microseconds(config.lane.spin_us);
+  o.geometry.request_bytes = config.lane.request_ring_bytes;
+  o.geometry.response_bytes = config.lane.response_ring_bytes;
+  o.shm.shm_prefix = "expertd-lane";  // "/expertd-lane-<pid>-<n>"
+  // Like the arenas: clients of other users reach their lane through the daemon's group.
+  const bool others = !config.listen.allowed_uids.empty() || !config.listen.allowed_gids.empty();
+  o.shm.shm_mode = others ? 0660 : 0600;
+  return o;
 }
 
 SessionLimits LimitsFrom(const LimitsConfig& l) {
@@ -247,7 +261,7 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
                  c.max_arena_bytes);
   }
 
-  d.sessions = std::make_unique<SessionRegistry>(LimitsFrom(config.limits));
+  d.sessions = std::make_unique<SessionRegistry>(LimitsFrom(config.limits), LanesFrom(config));
   d.state.sessions = d.sessions.get();
   d.state.peers = &d.peers;
   d.service = std::make_unique<ExpertdService>(&d.state);

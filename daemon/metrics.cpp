@@ -92,6 +92,41 @@ std::string RenderMetrics(ServiceState& state) {
   for (const Row& r : rows) out << "expertd_sessions{model=\"" << r.model << "\"} " << r.sessions << '\n';
   Header(out, "expertd_leases", "gauge", "Leases held by open sessions.");
   for (const Row& r : rows) out << "expertd_leases{model=\"" << r.model << "\"} " << r.leases << '\n';
+  // Per session: its transport and, for lane sessions, the lane's counters. The session label is
+  // the id's first 8 hex digits, as in GetStats.
+  Header(out, "expertd_session_info", "gauge",
+         "1 per open session, labelled with its client, pid and transport (lane or stream).");
+  std::vector<std::pair<std::string, v1::SessionStats>> per_session;
+  for (const auto& s : sessions) {
+    v1::SessionStats st = s->Stats();
+    const std::string labels =
+        absl::StrCat("session=\"", st.session(), "\",model=\"", Label(s->model().name()), "\"");
+    out << "expertd_session_info{" << labels << ",client=\"" << Label(st.client_name())
+        << "\",pid=\"" << st.client_pid() << "\",transport=\"" << st.transport() << "\"} 1\n";
+    per_session.emplace_back(labels, std::move(st));
+  }
+  const auto lane_counter = [&](const char* name, const char* help, auto get) {
+    Header(out, name, "counter", help);
+    for (const auto& [labels, st] : per_session) {
+      if (st.transport() == "lane") out << name << "{" << labels << "} " << get(st.lane()) << '\n';
+    }
+  };
+  lane_counter("expertd_lane_requests_total", "Requests read from a session's lane.",
+               [](const v1::LaneStats& l) { return l.requests(); });
+  lane_counter("expertd_lane_responses_total", "Answers written to a session's lane.",
+               [](const v1::LaneStats& l) { return l.responses(); });
+  lane_counter("expertd_lane_daemon_sleeps_total",
+               "Times a session's lane thread slept on its doorbell.",
+               [](const v1::LaneStats& l) { return l.daemon_sleeps(); });
+  lane_counter("expertd_lane_client_wakes_total",
+               "Wakes sent to client threads sleeping on a session's lane.",
+               [](const v1::LaneStats& l) { return l.client_wakes(); });
+  lane_counter("expertd_lane_deferred_total",
+               "Answers that waited for room in a session's response ring.",
+               [](const v1::LaneStats& l) { return l.deferred(); });
+  Header(out, "expertd_lane_failures_total", "counter",
+         "Sessions failed because the client broke the lane protocol.");
+  out << "expertd_lane_failures_total " << state.sessions->lane_failures() << '\n';
   // Buckets from 1 µs to ~4 s, in powers of four.
   const std::vector<double> bounds_s = {1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1e-3,
                                         4e-3, 16e-3, 64e-3, 256e-3, 1.0,   4.0};

@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "lane_server.h"
 #include "util/status.h"
 
 namespace expertd {
@@ -110,13 +111,14 @@ grpc::ServerUnaryReactor* ExpertdService::OpenSession(grpc::CallbackServerContex
   ServedModel* model = FindModel(request->model(), request->device(), &missing);
   if (model == nullptr) return finish(missing);
   absl::StatusOr<std::shared_ptr<expertd::Session>> s =
-      state_->sessions->Open(model, *peer, request->client_name());
+      state_->sessions->Open(model, *peer, request->client_name(), request->transport());
   if (!s.ok()) return finish(s.status());
   response->set_session_id((*s)->id());
   *response->mutable_model() = model->info();
   response->set_device(std::string(model->device_name()));
   response->set_device_kind(model->device_kind());
   for (v1::SlotClassHandles& h : (*s)->Handles()) *response->add_slot_classes() = std::move(h);
+  if ((*s)->lane()) *response->mutable_lane() = (*s)->lane()->handle();
   const SessionLimits& l = state_->sessions->limits();
   v1::SessionLimits* out = response->mutable_limits();
   out->set_max_leases(l.max_leases_per_session);
@@ -249,6 +251,27 @@ class StreamOutbox final : public Outbox {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
   }
+  // Ends the stream with `status` from any thread (the session's lane failed): at once, or after
+  // the write in flight. Nothing happens once the stream is closing.
+  void Fail(grpc::Status status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_ || closed_) return;
+    status_ = std::move(status);
+    closing_ = true;
+    if (writing_) return;
+    finished_ = true;
+    closed_ = true;
+    reactor_->Finish(status_);
+  }
+  // The status to finish with: OK unless Fail or SetStatus set one.
+  grpc::Status status() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+  void SetStatus(grpc::Status status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok()) status_ = std::move(status);
+  }
 
  private:
   std::mutex mu_;
@@ -258,6 +281,7 @@ class StreamOutbox final : public Outbox {
   bool closing_ = false;
   bool finished_ = false;
   bool closed_ = false;
+  grpc::Status status_ = grpc::Status::OK;
 };
 
 class SessionReactor final : public SessionReactorBase {
@@ -265,7 +289,7 @@ class SessionReactor final : public SessionReactorBase {
   SessionReactor(ServiceState* state, absl::StatusOr<Peer> peer)
       : state_(state), peer_(std::move(peer)), outbox_(std::make_shared<StreamOutbox>(this)) {
     if (!peer_.ok()) {
-      finish_status_ = ToGrpc(peer_.status());
+      outbox_->SetStatus(ToGrpc(peer_.status()));
       Close();
       return;
     }
@@ -279,7 +303,7 @@ class SessionReactor final : public SessionReactorBase {
     }
     absl::Status st = Handle();
     if (!st.ok()) {
-      finish_status_ = ToGrpc(st);
+      outbox_->SetStatus(ToGrpc(st));
       Close();
       return;
     }
@@ -287,7 +311,7 @@ class SessionReactor final : public SessionReactorBase {
   }
 
   void OnWriteDone(bool ok) override {
-    if (outbox_->WriteDone(ok)) Finish(finish_status_);
+    if (outbox_->WriteDone(ok)) Finish(outbox_->status());
   }
 
   void OnCancel() override { outbox_->Cancel(); }
@@ -305,8 +329,11 @@ class SessionReactor final : public SessionReactorBase {
       if (!request_.has_attach()) {
         return absl::FailedPreconditionError("the first message of a Session stream is Attach");
       }
-      absl::StatusOr<std::shared_ptr<expertd::Session>> s =
-          state_->sessions->Attach(request_.attach().session_id(), *peer_, outbox_);
+      std::weak_ptr<StreamOutbox> stream = outbox_;
+      absl::StatusOr<std::shared_ptr<expertd::Session>> s = state_->sessions->Attach(
+          request_.attach().session_id(), *peer_, outbox_, [stream](const absl::Status& why) {
+            if (std::shared_ptr<StreamOutbox> o = stream.lock()) o->Fail(ToGrpc(why));
+          });
       if (!s.ok()) return s.status();
       session_ = *std::move(s);
       v1::SessionResponse r;
@@ -333,7 +360,7 @@ class SessionReactor final : public SessionReactorBase {
 
   void Close() {
     EndSession();
-    if (outbox_->Close()) Finish(finish_status_);
+    if (outbox_->Close()) Finish(outbox_->status());
   }
 
   void EndSession() {
@@ -350,7 +377,6 @@ class SessionReactor final : public SessionReactorBase {
   const absl::StatusOr<Peer> peer_;
   std::shared_ptr<StreamOutbox> outbox_;
   v1::SessionRequest request_;
-  grpc::Status finish_status_ = grpc::Status::OK;
   std::mutex mu_;
   std::shared_ptr<expertd::Session> session_;
 };

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "lane_server.h"
 #include "spdlog/spdlog.h"
 #include "util/status.h"
 
@@ -260,6 +261,36 @@ void Session::Release(const v1::Release& request) {
   model_->engine().Release(grant);
 }
 
+void Session::HandleLane(const lane::Request& r) {
+  switch (r.type) {
+    case lane::RecordType::kAcquire: {
+      v1::Acquire a;
+      a.set_seq(r.seq);
+      a.set_layer(r.layer);
+      a.mutable_experts()->Add(r.experts.begin(), r.experts.end());
+      return Acquire(a);
+    }
+    case lane::RecordType::kPrefetch:
+      for (const lane::PrefetchGroup& g : r.groups) {
+        v1::Prefetch p;
+        p.set_layer(g.layer);
+        p.mutable_experts()->Add(g.experts.begin(), g.experts.end());
+        Prefetch(p);
+      }
+      return;
+    case lane::RecordType::kRelease:
+      for (uint64_t lease : r.leases) {
+        v1::Release rel;
+        rel.set_seq(r.seq);
+        rel.set_lease(lease);
+        Release(rel);
+      }
+      return;
+    default:
+      return;  // the decoder accepts request types only
+  }
+}
+
 void Session::Reclaim(const Grant& grant) {
   for (const GrantedSlot& s : grant.slots) {
     if (fences_.empty()) {
@@ -305,12 +336,19 @@ v1::SessionStats Session::Stats() const {
   s.set_leases_held(c.leases_held);
   s.set_acquire_p50_us(c.stall.Quantile(0.50) / 1e3);
   s.set_acquire_p99_us(c.stall.Quantile(0.99) / 1e3);
+  s.set_transport(lane_ ? "lane" : "stream");
+  if (lane_) *s.mutable_lane() = lane_->Stats();
   return s;
 }
 
 // ---- SessionRegistry -------------------------------------------------------------------------
 
 SessionRegistry::SessionRegistry(SessionLimits limits) : limits_(limits) {
+  reaper_ = std::thread([this] { ReaperLoop(); });
+}
+
+SessionRegistry::SessionRegistry(SessionLimits limits, const LaneOptions& lanes)
+    : limits_(limits), lanes_(std::make_unique<LaneOptions>(lanes)) {
   reaper_ = std::thread([this] { ReaperLoop(); });
 }
 
@@ -332,6 +370,10 @@ SessionRegistry::~SessionRegistry() {
     watched_.clear();
   }
   for (const std::shared_ptr<Session>& s : all) {
+    if (s->lane_) {
+      s->lane_->Stop();
+      s->lane_->Join();
+    }
     std::map<uint64_t, Session::Lease> leases;
     {
       std::lock_guard<std::mutex> lock(s->mu_);
@@ -345,8 +387,27 @@ SessionRegistry::~SessionRegistry() {
 
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(ServedModel* model,
                                                                const Peer& peer,
-                                                               std::string client_name) {
+                                                               std::string client_name,
+                                                               v1::Transport transport) {
   if (client_name.size() > 64) client_name.resize(64);
+  std::shared_ptr<LaneServer> lane;
+  if (transport != v1::TRANSPORT_STREAM) {
+    if (lanes_ == nullptr || !lanes_->enabled || !peer.unix_socket) {
+      if (transport == v1::TRANSPORT_LANE) {
+        return absl::FailedPreconditionError(
+            !peer.unix_socket ? "a request lane needs a session over the Unix socket"
+                              : "this daemon offers no request lanes (lane.enabled = false)");
+      }
+    } else {
+      absl::StatusOr<std::shared_ptr<LaneServer>> made =
+          LaneServer::Create(*lanes_, absl::StrCat("lane-", client_name));
+      if (!made.ok()) {
+        return absl::Status(made.status().code(),
+                            absl::StrCat("request lane: ", made.status().message()));
+      }
+      lane = *std::move(made);
+    }
+  }
   // Session fences are made before the lock (one IPC event per slot: not instant).
   std::vector<std::unique_ptr<SessionFences>> fences;
   std::vector<v1::FenceTableHandle> fence_handles;
@@ -372,13 +433,46 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(ServedModel* mode
       new Session(this, NewSessionId(), model, peer, std::move(client_name)));
   s->fences_ = std::move(fences);
   s->fence_handles_ = std::move(fence_handles);
+  s->lane_ = std::move(lane);
   sessions_.emplace(s->id(), s);
   return s;
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(const std::string& id,
-                                                                 const Peer& peer,
-                                                                 std::shared_ptr<Outbox> outbox) {
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(
+    const std::string& id, const Peer& peer, std::shared_ptr<Outbox> outbox,
+    std::function<void(const absl::Status&)> end_stream) {
+  std::shared_ptr<Session> attached;
+  {
+    absl::StatusOr<std::shared_ptr<Session>> s = AttachLocked(id, peer, std::move(outbox));
+    if (!s.ok()) return s;
+    attached = *std::move(s);
+  }
+  if (const std::shared_ptr<LaneServer>& lane = attached->lane_) {
+    lane->Unlink();  // the client mapped it before attaching
+    std::weak_ptr<Session> weak = attached;
+    lane->Start(
+        [weak](const lane::Request& r) {
+          if (std::shared_ptr<Session> s = weak.lock()) s->HandleLane(r);
+        },
+        [this, weak, end_stream](const absl::Status& why) {
+          ++lane_failures_;
+          std::shared_ptr<Session> s = weak.lock();
+          if (s) {
+            spdlog::error("session {} ({}, pid {}): failed: the client broke the lane protocol: {}",
+                          s->id().substr(0, 8), s->client_name().empty() ? "-" : s->client_name(),
+                          s->peer().pid, std::string(why.message()));
+          }
+          if (end_stream) {
+            end_stream(absl::InvalidArgumentError(
+                absl::StrCat("the session's request lane broke the protocol: ", why.message())));
+          }
+        });
+  }
+  return attached;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::AttachLocked(
+    const std::string& id, const Peer& peer, std::shared_ptr<Outbox> outbox) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
@@ -396,7 +490,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(const std::stri
         absl::StrCat("session ", id.substr(0, 8), " already has a Session stream"));
   }
   s->attached_ = true;
-  s->outbox_ = std::move(outbox);
+  s->outbox_ = s->lane_ ? std::static_pointer_cast<Outbox>(s->lane_) : std::move(outbox);
   return s;
 }
 
@@ -424,6 +518,10 @@ void SessionRegistry::End(const std::shared_ptr<Session>& session) {
     } else if (!session->fences_.empty() && !session->client_gone_) {
       watched_.push_back({session, absl::Now() + limits_.lease_ttl});
     }
+  }
+  if (session->lane_) {
+    session->lane_->Stop();
+    session->lane_->Join();
   }
   for (const Grant& g : now) session->model().engine().Release(g);
   Notify();

@@ -9,9 +9,11 @@
 //    done fences pass, or at once when the client process has exited (pidfd), or after
 //    lease_ttl at the latest.
 // Nothing here blocks on I/O: grants arrive on engine threads and go out through the session's
-// Outbox. Thread-safe.
+// Outbox: the stream's write queue, or the session's request lane (lane_server.h), which then
+// also carries the requests. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -28,6 +30,7 @@
 #include "absl/time/time.h"
 #include "engine/engine.h"
 #include "expertd/v1/service.pb.h"
+#include "lane/lane.h"
 #include "served_model.h"
 #include "util/latency_histogram.h"
 
@@ -69,6 +72,8 @@ struct SessionCounters {
 };
 
 class SessionRegistry;
+class LaneServer;
+struct LaneOptions;
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
@@ -82,12 +87,16 @@ class Session : public std::enable_shared_from_this<Session> {
   void Acquire(const v1::Acquire& request);
   void Prefetch(const v1::Prefetch& request);
   void Release(const v1::Release& request);
+  // One request read from the session's lane (batches become one call per layer or lease).
+  void HandleLane(const lane::Request& request);
 
   SessionCounters counters() const;
   v1::SessionStats Stats() const;
   // The slot-class handles this session's client maps: the model's, with the session's own
   // done fences where the device has them (ServedModel::session_fences()).
   std::vector<v1::SlotClassHandles> Handles() const;
+  // The session's lane, or nullptr when its requests travel on the stream.
+  const std::shared_ptr<LaneServer>& lane() const { return lane_; }
 
   ~Session();
 
@@ -120,6 +129,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // One per slot class with session fences (CUDA), else empty; fixed after Open.
   std::vector<std::unique_ptr<SessionFences>> fences_;
   std::vector<v1::FenceTableHandle> fence_handles_;
+  std::shared_ptr<LaneServer> lane_;  // fixed after Open
   bool client_gone_ = false;  // ClientGone was queued (guarded by the registry's mu_)
 
   mutable std::mutex mu_;
@@ -136,18 +146,26 @@ class Session : public std::enable_shared_from_this<Session> {
 class SessionRegistry {
  public:
   explicit SessionRegistry(SessionLimits limits);
+  // With lanes: sessions over the Unix socket get one unless they ask for the stream.
+  SessionRegistry(SessionLimits limits, const LaneOptions& lanes);
   ~SessionRegistry();  // reclaims everything still held
 
   const SessionLimits& limits() const { return limits_; }
 
   // A new session on `model`. ResourceExhausted at max_sessions; FailedPrecondition while
   // draining.
+  // The transport: TRANSPORT_AUTO gives Unix peers a lane when lanes are on;
+  // TRANSPORT_LANE is FailedPrecondition where no lane can be had.
   absl::StatusOr<std::shared_ptr<Session>> Open(ServedModel* model, const Peer& peer,
-                                                std::string client_name);
+                                                std::string client_name,
+                                                v1::Transport transport = v1::TRANSPORT_AUTO);
   // Binds the session's stream. NotFound for an unknown (or expired) id; FailedPrecondition when
   // the session already has a stream, or PermissionDenied when `peer` is not the opener's uid.
-  absl::StatusOr<std::shared_ptr<Session>> Attach(const std::string& id, const Peer& peer,
-                                                  std::shared_ptr<Outbox> outbox);
+  // A lane session's answers go to its lane from now on; `end_stream` is how the lane ends the
+  // stream when the client breaks the lane protocol (the session then ends as usual).
+  absl::StatusOr<std::shared_ptr<Session>> Attach(
+      const std::string& id, const Peer& peer, std::shared_ptr<Outbox> outbox,
+      std::function<void(const absl::Status&)> end_stream = nullptr);
   // The session's stream ended: the session is gone; its leases drain (see the file comment).
   void End(const std::shared_ptr<Session>& session);
 
@@ -161,6 +179,8 @@ class SessionRegistry {
 
   std::vector<std::shared_ptr<Session>> Sessions() const;
   size_t size() const;
+  // Sessions failed for breaking the lane protocol, since start.
+  uint64_t lane_failures() const { return lane_failures_.load(); }
 
   // One pass of the reaper (the registry's thread runs it every reap_interval; tests call it).
   void ReapOnce(absl::Time now);
@@ -177,8 +197,12 @@ class SessionRegistry {
   std::vector<Draining> watched_;
   void ReaperLoop();
   void Notify();
+  absl::StatusOr<std::shared_ptr<Session>> AttachLocked(const std::string& id, const Peer& peer,
+                                                        std::shared_ptr<Outbox> outbox);
 
   const SessionLimits limits_;
+  std::unique_ptr<LaneOptions> lanes_;  // nullptr: every session uses its stream
+  std::atomic<uint64_t> lane_failures_{0};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

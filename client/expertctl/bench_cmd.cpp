@@ -1,12 +1,14 @@
 // expertctl bench --trace T.jsonl [--addr A] [--sessions N] [--model M] [--gguf F] [--limit N]
-//                 [--json] [--quiet] [--token-file F] [--timeout S]
+//                 [--transport auto|lane|stream] [--json] [--quiet] [--token-file F] [--timeout S]
 // Replays a route trace through the running daemon from N concurrent sessions (one thread and
 // one Session each, on one channel). Every session replays the whole trace in access order
 // (MakeAccessTrace), session i starting i/N of the way through it (at a token boundary) and
 // wrapping around: N engines serving different requests of one model at once, sharing the
 // daemon's cache without marching in lockstep. Each (token, layer) group is one Acquire; every
 // granted slot is read in full (XXH3 over each projection) and, with --gguf, compared with the
-// hash of the same expert's bytes in the model file; then the lease is released.
+// hash of the same expert's bytes in the model file; then the lease is released. Latencies are
+// of successful calls only: acquire (request to usable lease) and acquire + release (the
+// Acquire→Grant→Release cycle without the reading in between).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -43,6 +45,7 @@ struct BenchArgs {
   std::string device;  // "" = the model's default device
   std::string gguf;
   uint64_t limit = 0;  // groups per session; 0 = the whole trace
+  std::string transport = "auto";
   bool json = false;
   bool quiet = false;
 };
@@ -57,6 +60,7 @@ struct SessionResult {
   uint64_t errors = 0;
   uint64_t bytes = 0;
   std::vector<double> acquire_us;
+  std::vector<double> cycle_us;  // acquire + release
 };
 
 // Error lines are capped across all sessions so a broken daemon does not flood the terminal.
@@ -104,9 +108,10 @@ void ReplaySession(client::Session& session, uint32_t id, const std::vector<Rout
     out->accesses += r.experts.size();
     const auto t0 = std::chrono::steady_clock::now();
     absl::StatusOr<client::Lease> lease = session.Acquire(r.layer, r.experts);
-    out->acquire_us.push_back(
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    const double acquire_us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     done->fetch_add(1, std::memory_order_relaxed);
+    if (lease.ok()) out->acquire_us.push_back(acquire_us);
     if (!lease.ok()) {
       ++out->errors;
       log->Print(absl::StrCat("session ", id, ": acquire layer ", r.layer, " experts [",
@@ -172,9 +177,14 @@ void ReplaySession(client::Session& session, uint32_t id, const std::vector<Rout
         log->Print(absl::StrCat("session ", id, ": record done: ", st.message()));
       }
     }
+    const auto r0 = std::chrono::steady_clock::now();
     if (absl::Status st = session.Release(*lease); !st.ok()) {
       ++out->errors;
       log->Print(absl::StrCat("session ", id, ": release lease ", lease->id, ": ", st.message()));
+    } else {
+      out->cycle_us.push_back(
+          acquire_us +
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - r0).count());
     }
   }
   // Close first: release errors arrive asynchronously, and only the end of the stream says that
@@ -252,11 +262,15 @@ int RunBench(const BenchArgs& a) {
     so.model = model->name();
     so.device = a.device;
     so.client_name = absl::StrCat("expertctl-bench/", i);
+    so.transport = a.transport == "lane"     ? client::SessionOptions::Transport::kLane
+                   : a.transport == "stream" ? client::SessionOptions::Transport::kStream
+                                             : client::SessionOptions::Transport::kAuto;
     absl::StatusOr<std::unique_ptr<client::Session>> s = (*c)->OpenSession(so);
     if (!s.ok()) return fail(s.status());
     sessions.push_back(*std::move(s));
   }
   const std::string device_name = sessions[0]->info().device();
+  const std::string transport(sessions[0]->transport());
   if (absl::Status st = CheckTrace(a.trace, groups, *model,
                                    sessions[0]->info().limits().max_experts_per_acquire());
       !st.ok()) {
@@ -310,26 +324,31 @@ int RunBench(const BenchArgs& a) {
     all.errors += r.errors;
     all.bytes += r.bytes;
     all.acquire_us.insert(all.acquire_us.end(), r.acquire_us.begin(), r.acquire_us.end());
+    all.cycle_us.insert(all.cycle_us.end(), r.cycle_us.begin(), r.cycle_us.end());
   }
   const double hit_rate =
       all.granted ? static_cast<double>(all.hits) / static_cast<double>(all.granted) : 0;
   const double throughput = seconds > 0 ? static_cast<double>(all.bytes) / seconds : 0;
   const double p50 = Percentile(all.acquire_us, 0.50);
   const double p99 = Percentile(all.acquire_us, 0.99);
+  const double cycle_p50 = Percentile(all.cycle_us, 0.50);
+  const double cycle_p99 = Percentile(all.cycle_us, 0.99);
   if (a.json) {
     std::cout << nlohmann::json{{"accesses", all.accesses},  {"hit_rate", hit_rate},
                                 {"verified", all.verified},  {"mismatches", all.mismatches},
                                 {"errors", all.errors},      {"acquire_p50_us", p50},
                                 {"acquire_p99_us", p99},     {"throughput_bytes_per_s", throughput},
                                 {"sessions", a.sessions},    {"seconds", seconds},
-                                {"bytes_granted", all.bytes}}
+                                {"bytes_granted", all.bytes},  {"transport", transport},
+                                {"cycle_p50_us", cycle_p50}, {"cycle_p99_us", cycle_p99}}
                      .dump(2)
               << "\n";
   } else {
     std::printf(
-        "bench %s on model %s (device %s): %u session(s) x %zu of the trace's %zu acquires, "
+        "bench %s on model %s (device %s, %s): %u session(s) x %zu of the trace's %zu acquires, "
         "session i starting i/%u of the way in\n",
-        a.trace.c_str(), model->name().c_str(), device_name.c_str(), a.sessions, per_session,
+        a.trace.c_str(), model->name().c_str(), device_name.c_str(), transport.c_str(),
+        a.sessions, per_session,
         groups.size(), a.sessions);
     std::printf(
         "  hit rate    %.3f (%llu of %llu granted slots resident; %llu experts requested)\n",
@@ -341,6 +360,8 @@ int RunBench(const BenchArgs& a) {
                 HumanBytes(all.bytes).c_str(), seconds);
     std::printf("  acquire     p50 %.1f us, p99 %.1f us (client side, %llu acquires)\n", p50, p99,
                 static_cast<unsigned long long>(all.acquires));
+    std::printf("  + release   p50 %.1f us, p99 %.1f us (acquire and release, reading excluded)\n",
+                cycle_p50, cycle_p99);
     if (oracle != nullptr) {
       std::printf("  verified    %llu slots against %s, %llu mismatches, %llu errors\n",
                   static_cast<unsigned long long>(all.verified), a.gguf.c_str(),
@@ -373,6 +394,11 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--gguf", a->gguf,
                   "The model file the daemon serves (any shard): verify every granted slot");
   cmd->add_option("--limit", a->limit, "Acquires per session (default: the whole trace)");
+  cmd->add_option("--transport", a->transport,
+                  "Where requests travel: lane (shared memory), stream (gRPC), or auto (the lane "
+                  "when the daemon offers one)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "lane", "stream"}));
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->add_flag("--quiet", a->quiet, "No progress output");
   cmd->callback([a, exit_code] { *exit_code = RunBench(*a); });

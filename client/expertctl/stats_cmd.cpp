@@ -1,8 +1,9 @@
 // expertctl stats [--addr A] [--model M] [--watch [--interval S]] [--json]
 // The daemon's counters (GetStats): per model hits, misses, joins, hit rate, bytes read per pack,
-// bytes copied, stall percentiles; per live session its acquires, hits, misses, errors, leases
-// and acquire percentiles. --watch polls until interrupted: a redrawn screen on a terminal,
-// plain repeated blocks otherwise; with --json one compact object per poll and line.
+// bytes copied, stall percentiles; per live session its transport (lane or stream), acquires,
+// hits, misses, errors, leases, acquire percentiles and, for lane sessions, the lane's counters.
+// --watch polls until interrupted: a redrawn screen on a terminal, plain repeated blocks
+// otherwise; with --json one compact object per poll and line.
 #include <unistd.h>
 
 #include <atomic>
@@ -56,7 +57,17 @@ nlohmann::json StatsJson(const v1::GetStatsResponse& r) {
                           {"errors", s.errors()},
                           {"leases_held", s.leases_held()},
                           {"acquire_p50_us", s.acquire_p50_us()},
-                          {"acquire_p99_us", s.acquire_p99_us()}});
+                          {"acquire_p99_us", s.acquire_p99_us()},
+                          {"transport", s.transport()}});
+      if (s.transport() == "lane") {
+        sessions.back()["lane"] = {{"requests", s.lane().requests()},
+                                   {"responses", s.lane().responses()},
+                                   {"bytes_in", s.lane().bytes_in()},
+                                   {"bytes_out", s.lane().bytes_out()},
+                                   {"daemon_sleeps", s.lane().daemon_sleeps()},
+                                   {"client_wakes", s.lane().client_wakes()},
+                                   {"deferred", s.lane().deferred()}};
+      }
     }
     models.push_back({{"model", m.model()},
                       {"device", m.device()},
@@ -119,14 +130,21 @@ std::string StatsText(const v1::GetStatsResponse& r) {
       out += "  no sessions\n";
       continue;
     }
-    absl::StrAppendFormat(&out, "  %-8s %-24s %8s %9s %9s %9s %6s %6s %10s %10s\n", "session",
-                          "name", "pid", "acquires", "hits", "misses", "errors", "leases", "p50 us",
-                          "p99 us");
+    absl::StrAppendFormat(&out, "  %-8s %-24s %8s %-6s %9s %9s %9s %6s %6s %10s %10s\n",
+                          "session", "name", "pid", "via", "acquires", "hits", "misses", "errors",
+                          "leases", "p50 us", "p99 us");
     for (const v1::SessionStats& s : m.sessions()) {
-      absl::StrAppendFormat(&out, "  %-8s %-24.24s %8d %9d %9d %9d %6d %6d %10.1f %10.1f\n",
+      absl::StrAppendFormat(&out, "  %-8s %-24.24s %8d %-6s %9d %9d %9d %6d %6d %10.1f %10.1f\n",
                             s.session(), s.client_name().empty() ? "-" : s.client_name(),
-                            s.client_pid(), s.acquires(), s.hits(), s.misses(), s.errors(),
-                            s.leases_held(), s.acquire_p50_us(), s.acquire_p99_us());
+                            s.client_pid(), s.transport(), s.acquires(), s.hits(), s.misses(),
+                            s.errors(), s.leases_held(), s.acquire_p50_us(), s.acquire_p99_us());
+      if (s.transport() == "lane") {
+        absl::StrAppendFormat(&out,
+                              "  %-8s lane: %d requests, %d answers (%d deferred), lane thread "
+                              "slept %d times, %d client wakes\n",
+                              "", s.lane().requests(), s.lane().responses(), s.lane().deferred(),
+                              s.lane().daemon_sleeps(), s.lane().client_wakes());
+      }
     }
   }
   return out;

@@ -17,6 +17,8 @@
 #include "device/host/host_device.h"
 #include "expertd/v1/service.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "lane/lane.h"
+#include "util/futex.h"
 
 namespace expertd::client {
 namespace {
@@ -95,12 +97,45 @@ struct SlotClassView {
 };
 
 
+// This process's end of a session's request lane (src/lane/lane.h). Writers take write_mu;
+// one thread at a time reads answers (read_mu), handing other threads' answers to them.
+struct ClientLane {
+  ShmMapping map;
+  lane::LaneClientEnd end;
+  std::mutex write_mu;
+  std::vector<uint8_t> record;  // guarded by write_mu
+  std::mutex read_mu;
+};
+
+absl::StatusOr<std::unique_ptr<ClientLane>> MapLane(const v1::LaneHandle& h) {
+  lane::LaneGeometry g;
+  g.request_bytes = h.request_bytes();
+  g.response_bytes = h.response_bytes();
+  if (g.segment_bytes() != h.segment_bytes()) {
+    return absl::InternalError("the lane handle's sizes do not add up");
+  }
+  absl::StatusOr<ShmMapping> map = MapSharedSegment(ToHandle(h.memory()), h.segment_bytes());
+  if (!map.ok()) {
+    return absl::Status(map.status().code(),
+                        absl::StrCat("request lane: ", map.status().message()));
+  }
+  absl::StatusOr<lane::LaneClientEnd> end =
+      lane::LaneClientEnd::Attach(map->data(), map->bytes(), g);
+  if (!end.ok()) return end.status();
+  return std::unique_ptr<ClientLane>(new ClientLane{*std::move(map), *std::move(end), {}, {}, {}});
+}
+
+// How long a caller watches the lane for its answer before it sleeps on the lane's doorbell: a
+// hit is answered within microseconds, a miss takes a read.
+constexpr absl::Duration kLaneSpin = absl::Microseconds(50);
+
 class SessionImpl final : public Session {
  public:
   SessionImpl(std::shared_ptr<grpc::Channel> channel, v1::OpenSessionResponse info,
-              std::vector<SlotClassView> classes)
+              std::vector<SlotClassView> classes, std::unique_ptr<ClientLane> lane)
       : stub_(v1::Expertd::NewStub(channel)), info_(std::move(info)),
-        classes_(std::move(classes)), cuda_(info_.device_kind() == "cuda") {}
+        classes_(std::move(classes)), cuda_(info_.device_kind() == "cuda"),
+        lane_(std::move(lane)) {}
 
   ~SessionImpl() override { Close(); }
 
@@ -160,11 +195,27 @@ class SessionImpl final : public Session {
   }
 
   absl::Status Prefetch(uint32_t layer, std::span<const uint32_t> experts) override {
-    v1::SessionRequest r;
-    r.mutable_prefetch()->set_layer(layer);
-    for (uint32_t e : experts) r.mutable_prefetch()->add_experts(e);
-    return SendRaw(r);
+    PrefetchHint hint{layer, {experts.begin(), experts.end()}};
+    return Prefetch(std::span<const PrefetchHint>(&hint, 1));
   }
+
+  absl::Status Prefetch(std::span<const PrefetchHint> hints) override {
+    if (lane_) {
+      std::vector<lane::PrefetchGroup> groups;
+      for (const PrefetchHint& h : hints) groups.push_back({h.layer, h.experts});
+      return WriteLane([&](std::vector<uint8_t>* out) { return lane::EncodePrefetch(groups, out); },
+                       absl::Now() + absl::Seconds(5));
+    }
+    for (const PrefetchHint& h : hints) {
+      v1::SessionRequest r;
+      r.mutable_prefetch()->set_layer(h.layer);
+      for (uint32_t e : h.experts) r.mutable_prefetch()->add_experts(e);
+      if (absl::Status st = SendRaw(r); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+
+  std::string_view transport() const override { return lane_ ? "lane" : "stream"; }
 
   absl::Status WaitReady(const Lease& lease, void* cuda_stream) override {
     if (!cuda_) return absl::OkStatus();
@@ -236,9 +287,18 @@ class SessionImpl final : public Session {
     } else if (absl::Status st = SignalHostDone(lease); !st.ok()) {
       return st;
     }
+    return SendRelease(NextSeq(), lease.id);
+  }
+
+  absl::Status SendRelease(uint64_t seq, uint64_t lease) {
+    if (lane_) {
+      const uint64_t one[] = {lease};
+      return WriteLane([&](std::vector<uint8_t>* out) { return lane::EncodeRelease(seq, one, out); },
+                       absl::Now() + absl::Seconds(5));
+    }
     v1::SessionRequest r;
-    r.mutable_release()->set_seq(NextSeq());
-    r.mutable_release()->set_lease(lease.id);
+    r.mutable_release()->set_seq(seq);
+    r.mutable_release()->set_lease(lease);
     return SendRaw(r);
   }
 
@@ -307,16 +367,29 @@ class SessionImpl final : public Session {
       seq = next_seq_++;
       waiters_[seq] = waiter;
     }
-    r.mutable_acquire()->set_seq(seq);
-    r.mutable_acquire()->set_layer(layer);
-    for (uint32_t e : experts) r.mutable_acquire()->add_experts(e);
-    if (absl::Status st = SendRaw(r); !st.ok()) {
+    absl::Status sent;
+    if (lane_) {
+      sent = WriteLane(
+          [&](std::vector<uint8_t>* out) { return lane::EncodeAcquire(seq, layer, experts, out); },
+          deadline);
+    } else {
+      r.mutable_acquire()->set_seq(seq);
+      r.mutable_acquire()->set_layer(layer);
+      for (uint32_t e : experts) r.mutable_acquire()->add_experts(e);
+      sent = SendRaw(r);
+    }
+    if (!sent.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       waiters_.erase(seq);
-      return st;
+      return sent;
     }
+    if (lane_) WaitLane(*waiter, deadline);
     std::unique_lock<std::mutex> lock(mu_);
     while (!waiter->answered) {
+      if (!lane_broken_.ok()) {
+        waiter->abandoned = true;
+        return lane_broken_;
+      }
       if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout &&
           !waiter->answered) {
         // The grant may still come: the reader thread gives it back then.
@@ -377,52 +450,156 @@ class SessionImpl final : public Session {
       MappedFences* f = classes_[s.slot_class()].fences.get();
       if (f->done(s.slot()) < s.generation()) (void)f->SignalDone(s.slot(), s.generation());
     }
-    v1::SessionRequest r;
-    r.mutable_release()->set_seq(0);
-    r.mutable_release()->set_lease(g.lease());
-    (void)SendRaw(r);
+    (void)SendRelease(0, g.lease());
+  }
+
+  // Writes one request record into the lane, waiting (reading answers meanwhile, so a full lane
+  // drains) until there is room, the session ends or `deadline`.
+  template <typename Encode>
+  absl::Status WriteLane(Encode encode, absl::Time deadline) {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(lane_->write_mu);
+        lane_->record.clear();
+        if (absl::Status st = encode(&lane_->record); !st.ok()) return st;
+        if (closed()) return absl::UnavailableError(absl::StrCat("the session stream has ended: ", EndReason()));
+        if (lane_->end.state() != lane::kStateOpen) {
+          return absl::UnavailableError("the session's request lane was closed by the daemon");
+        }
+        if (lane_->end.Write(lane_->record)) return absl::OkStatus();
+      }
+      PumpLane(nullptr);
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError("the session's request lane stayed full");
+      }
+      absl::SleepFor(absl::Microseconds(20));
+    }
+  }
+
+  // Reads every answer waiting in the lane and hands each to its waiter (as the stream's reader
+  // thread does). Returns without reading when another thread is at it. Wakes the other sleeping
+  // threads of this process when one of their answers was read here.
+  void PumpLane(const Waiter* mine) {
+    std::unique_lock<std::mutex> reading(lane_->read_mu, std::try_to_lock);
+    if (!reading.owns_lock()) return;
+    bool others = false;
+    for (;;) {
+      lane::Response r;
+      bool got = false;
+      if (absl::Status st = lane_->end.Next(&r, &got); !st.ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        lane_broken_ = st;
+        others = true;
+        break;
+      }
+      if (!got) break;
+      v1::SessionResponse resp;
+      if (r.type == lane::RecordType::kGrant) {
+        v1::Grant* g = resp.mutable_grant();
+        g->set_seq(r.seq);
+        g->set_lease(r.lease);
+        g->set_layer(r.layer);
+        g->set_stall_us(r.stall_ns / 1000);
+        for (const lane::GrantSlot& s : r.slots) {
+          v1::GrantedSlot* o = g->add_slots();
+          o->set_expert(s.expert);
+          o->set_slot_class(s.slot_class);
+          o->set_slot(s.slot);
+          o->set_generation(s.generation);
+          o->set_hit(s.hit);
+        }
+      } else if (r.type == lane::RecordType::kError) {
+        resp.mutable_error()->set_seq(r.seq);
+        resp.mutable_error()->set_code(r.code);
+        resp.mutable_error()->set_message(std::move(r.message));
+      } else {
+        resp.mutable_lease_expired()->set_lease(r.lease);
+      }
+      if (const Waiter* w = Dispatch(resp); w != nullptr && w != mine) others = true;
+    }
+    reading.unlock();
+    if (others) lane_->end.WakeAll();
+  }
+
+  // Until `waiter` is answered, the session ends or `deadline`: watches the lane for kLaneSpin,
+  // then sleeps on its doorbell.
+  void WaitLane(const Waiter& waiter, absl::Time deadline) {
+    const absl::Time spin_until = absl::Now() + kLaneSpin;
+    for (;;) {
+      const uint32_t seen = lane_->end.doorbell();
+      PumpLane(&waiter);
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (waiter.answered || stream_ended_) return;
+        if (!lane_broken_.ok()) return;
+        if (lane_->end.state() != lane::kStateOpen) {
+          // The daemon failed or closed the lane: the stream's end follows and answers us.
+          cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] { return waiter.answered; });
+          return;
+        }
+      }
+      const absl::Time now = absl::Now();
+      if (now >= deadline) return;
+      if (now < spin_until) {
+        for (int i = 0; i < 32; ++i) CpuRelax();
+        continue;
+      }
+      lane_->end.Sleep(seen, std::min(deadline - now, absl::Milliseconds(100)));
+    }
+  }
+
+  // Hands one answer to its waiter (or to the async lists). Returns the waiter it answered.
+  const Waiter* Dispatch(v1::SessionResponse& resp) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (resp.has_grant() || resp.has_error()) {
+      const uint64_t seq = resp.has_grant() ? resp.grant().seq() : resp.error().seq();
+      auto it = waiters_.find(seq);
+      if (it == waiters_.end()) {
+        if (resp.has_error()) async_errors_.push_back(resp.error());
+        return nullptr;
+      }
+      std::shared_ptr<Waiter> w = it->second;
+      waiters_.erase(it);
+      if (w->abandoned) {
+        lock.unlock();
+        if (resp.has_grant()) GiveBack(resp.grant());
+        return nullptr;
+      }
+      w->answered = true;
+      if (resp.has_grant()) {
+        w->grant = std::move(*resp.mutable_grant());
+      } else {
+        w->status = absl::Status(static_cast<absl::StatusCode>(resp.error().code()),
+                                 resp.error().message());
+      }
+      cv_.notify_all();
+      return w.get();
+    }
+    if (resp.has_lease_expired()) expired_.push_back(resp.lease_expired().lease());
+    return nullptr;
   }
 
   void ReadLoop() {
     v1::SessionResponse resp;
-    while (stream_->Read(&resp)) {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (resp.has_grant() || resp.has_error()) {
-        const uint64_t seq = resp.has_grant() ? resp.grant().seq() : resp.error().seq();
-        auto it = waiters_.find(seq);
-        if (it == waiters_.end()) {
-          if (resp.has_error()) async_errors_.push_back(resp.error());
-          continue;
-        }
-        std::shared_ptr<Waiter> w = it->second;
-        waiters_.erase(it);
-        if (w->abandoned) {
-          lock.unlock();
-          if (resp.has_grant()) GiveBack(resp.grant());
-          continue;
-        }
-        w->answered = true;
-        if (resp.has_grant()) {
-          w->grant = std::move(*resp.mutable_grant());
-        } else {
-          w->status = absl::Status(static_cast<absl::StatusCode>(resp.error().code()),
-                                   resp.error().message());
-        }
-        cv_.notify_all();
-      } else if (resp.has_lease_expired()) {
-        expired_.push_back(resp.lease_expired().lease());
-      }
-    }
+    while (stream_->Read(&resp)) Dispatch(resp);
     const grpc::Status st = stream_->Finish();
-    std::lock_guard<std::mutex> lock(mu_);
-    stream_ended_ = true;
-    end_reason_ = st.ok() ? "closed" : st.error_message();
-    for (auto& [seq, w] : waiters_) {
-      w->answered = true;
-      w->status = absl::UnavailableError(absl::StrCat("the session stream ended: ", end_reason_));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stream_ended_ = true;
+      end_reason_ = st.ok() ? "closed" : st.error_message();
+      for (auto& [seq, w] : waiters_) {
+        w->answered = true;
+        w->status = absl::UnavailableError(absl::StrCat("the session stream ended: ", end_reason_));
+      }
+      waiters_.clear();
+      cv_.notify_all();
     }
-    waiters_.clear();
-    cv_.notify_all();
+    if (lane_) lane_->end.WakeAll();
+  }
+
+  std::string EndReason() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return end_reason_;
   }
 
   std::unique_ptr<v1::Expertd::Stub> stub_;
@@ -444,6 +621,8 @@ class SessionImpl final : public Session {
   std::set<uint64_t> recorded_;  // CUDA: leases whose done events were recorded
   bool stream_ended_ = false;
   std::string end_reason_;
+  std::unique_ptr<ClientLane> lane_;  // nullptr: requests go on the stream
+  absl::Status lane_broken_;          // the daemon wrote a record this client cannot read
 };
 
 class ClientImpl final : public Client {
@@ -497,6 +676,9 @@ class ClientImpl final : public Client {
     req.set_device(options.device);
     req.set_client_pid(getpid());
     req.set_client_name(options.client_name);
+    req.set_transport(options.transport == SessionOptions::Transport::kLane     ? v1::TRANSPORT_LANE
+                      : options.transport == SessionOptions::Transport::kStream ? v1::TRANSPORT_STREAM
+                                                                                 : v1::TRANSPORT_AUTO);
     v1::OpenSessionResponse resp;
     absl::Status st = FromGrpc(stub_->OpenSession(&ctx, req, &resp), "OpenSession");
     if (!st.ok()) return st;
@@ -543,7 +725,14 @@ class ClientImpl final : public Client {
       }
       classes.push_back(std::move(c));
     }
-    auto session = std::make_unique<SessionImpl>(channel_, std::move(resp), std::move(classes));
+    std::unique_ptr<ClientLane> lane;
+    if (resp.has_lane()) {
+      absl::StatusOr<std::unique_ptr<ClientLane>> mapped = MapLane(resp.lane());
+      if (!mapped.ok()) return mapped.status();
+      lane = *std::move(mapped);
+    }
+    auto session = std::make_unique<SessionImpl>(channel_, std::move(resp), std::move(classes),
+                                                 std::move(lane));
     if (absl::Status a = session->Start(); !a.ok()) return a;
     return std::unique_ptr<Session>(std::move(session));
   }

@@ -26,6 +26,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -48,6 +49,11 @@ struct SessionOptions {
   // CUDA sessions: this process's ordinal of the daemon's GPU (they differ when the processes
   // see different CUDA_VISIBLE_DEVICES); -1 = the N of the daemon's "cuda:N".
   int cuda_device = -1;
+  // Where Acquire, Prefetch and Release travel. kAuto: the session's shared-memory request lane
+  // when the daemon offers one (sessions over the Unix socket), else the stream. kStream: the
+  // stream always. kLane: the lane, or OpenSession fails.
+  enum class Transport { kAuto, kStream, kLane };
+  Transport transport = Transport::kAuto;
   // Acquire retries while the daemon answers UNAVAILABLE (every slot leased right now), with
   // backoff, up to the acquire's timeout.
 };
@@ -61,6 +67,12 @@ struct SlotView {
   bool hit = false;
   std::vector<std::span<const uint8_t>> projections;  // host sessions: in projection order
   std::vector<const void*> device_projections;        // CUDA sessions: device pointers
+};
+
+// Prefetch hints for one layer (most likely expert first).
+struct PrefetchHint {
+  uint32_t layer = 0;
+  std::vector<uint32_t> experts;
 };
 
 struct Lease {
@@ -97,6 +109,10 @@ class Session {
                                         absl::Duration timeout = absl::Seconds(30)) = 0;
   // A prediction: stage these experts of `layer` (most likely first). No answer.
   virtual absl::Status Prefetch(uint32_t layer, std::span<const uint32_t> experts) = 0;
+  // Several layers' hints at once: one lane record (one stream message per layer).
+  virtual absl::Status Prefetch(std::span<const PrefetchHint> hints) = 0;
+  // "lane" or "stream": where this session's requests travel.
+  virtual std::string_view transport() const = 0;
   // CUDA: makes `cuda_stream` (a cudaStream_t; nullptr = the legacy default stream) wait on
   // the GPU until the copies behind every slot of the lease landed. Host: nothing to do (Acquire
   // returned with the slots ready). Call it before the kernels that read the slots.
@@ -117,7 +133,8 @@ class Session {
   // CUDA, several streams: RecordDone chains on the slot's previous record, so a stream that
   // records done for a slot also waits for the other streams' kernels on that slot.
   virtual absl::Status Release(const Lease& lease) = 0;
-  // Sends a raw request on the stream (protocol tests): Release with any lease id, etc.
+  // Sends a raw request on the stream (protocol tests): Release with any lease id, etc. On a
+  // lane session the answers still come on the lane.
   virtual absl::Status SendRaw(const v1::SessionRequest& request) = 0;
   // Errors answered for requests nobody waits on (releases), and leases the daemon reclaimed.
   virtual std::vector<v1::RequestError> TakeAsyncErrors() = 0;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -77,6 +78,23 @@ class MappedArena {
 // /proc/<owner_pid>/fd/<fd>. Errors carry the call, the name and strerror; a descriptor that
 // does not match the object (size, kind) is InvalidArgument.
 absl::StatusOr<MappedArena> MapArena(const ArenaExport& descriptor);
+
+// A read-write shared-memory object the daemon creates for one client process (a session's
+// request lane): the backing, naming and mode of HostDeviceOptions, like arenas. Zero-filled.
+// The shm name (kShmOpen) goes with Unlink() or the owner; mappings stay valid either way.
+class SharedSegment {
+ public:
+  virtual ~SharedSegment() = default;
+  virtual uint8_t* data() const = 0;
+  virtual uint64_t bytes() const = 0;
+  virtual SharedHandle handle() const = 0;
+  // Removes the name now (a client that mapped the object keeps it); no-op for a memfd.
+  virtual void Unlink() = 0;
+};
+absl::StatusOr<std::unique_ptr<SharedSegment>> CreateSharedSegment(
+    const HostDeviceOptions& options, std::string_view label, uint64_t bytes);
+// Maps `bytes` of a segment another process exported, read-write (same lookup as MapArena).
+absl::StatusOr<ShmMapping> MapSharedSegment(const SharedHandle& handle, uint64_t bytes);
 
 namespace host_device_internal {
 // The shared fence words; both ends use the same algorithms on them (host_device.cpp).

@@ -3,10 +3,8 @@
 #include "device/host/host_shared_memory.h"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 
 #include <algorithm>
 #include <atomic>
@@ -19,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "util/checked.h"
+#include "util/futex.h"
 #include "util/status.h"
 
 namespace expertd {
@@ -77,28 +76,6 @@ absl::Status CheckObject(int fd, const SharedHandle& h, uint64_t need, const std
 uint32_t* FutexWord(uint64_t* counter) {
   return reinterpret_cast<uint32_t*>(counter) + (std::endian::native == std::endian::big ? 1 : 0);
 }
-// Shared (not FUTEX_PRIVATE) operations: the kernel keys them by the page, so a waiter and a
-// waker in different processes meet.
-void FutexWait(uint32_t* word, uint32_t expected, absl::Duration timeout) {
-  struct timespec ts = absl::ToTimespec(timeout);
-  const bool infinite = timeout == absl::InfiniteDuration();
-  if (::syscall(SYS_futex, word, FUTEX_WAIT, expected, infinite ? nullptr : &ts, nullptr, 0) != 0 &&
-      errno != EAGAIN && errno != EINTR && errno != ETIMEDOUT) {
-    std::this_thread::sleep_for(std::chrono::microseconds(50));  // no futex: degrade to polling
-  }
-}
-void FutexWakeAll(uint32_t* word) {
-  ::syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 }  // namespace
 
 // ---- Errors and OS resource owners ----------------------------------------------------------
@@ -342,6 +319,34 @@ absl::Status MappedFences::SignalDone(SlotId slot, uint64_t generation) {
         absl::StrCat("done[", slot, "] = ", generation, " but ready is only at ", ready_now));
   }
   return AdvanceCounter(words_.done, words_.done_waiters, slot, generation, "done");
+}
+
+namespace {
+class SegmentImpl final : public SharedSegment {
+ public:
+  explicit SegmentImpl(host_device_internal::SharedMemory memory) : memory_(std::move(memory)) {}
+  uint8_t* data() const override { return memory_.data(); }
+  uint64_t bytes() const override { return memory_.bytes(); }
+  SharedHandle handle() const override { return memory_.Handle(); }
+  void Unlink() override { memory_.Unlink(); }
+
+ private:
+  host_device_internal::SharedMemory memory_;
+};
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SharedSegment>> CreateSharedSegment(
+    const HostDeviceOptions& options, std::string_view label, uint64_t bytes) {
+  ASSIGN_OR_RETURN(host_device_internal::SharedMemory memory,
+                   host_device_internal::SharedMemory::Create(options, label, bytes));
+  return std::unique_ptr<SharedSegment>(new SegmentImpl(std::move(memory)));
+}
+
+absl::StatusOr<ShmMapping> MapSharedSegment(const SharedHandle& handle, uint64_t bytes) {
+  std::string what;
+  ASSIGN_OR_RETURN(UniqueFd fd, OpenShared(handle, /*writable=*/true, &what));
+  RETURN_IF_ERROR(CheckObject(fd.get(), handle, bytes, what));
+  return MapFd(fd.get(), 0, bytes, PROT_READ | PROT_WRITE, what);
 }
 
 }  // namespace expertd

@@ -74,6 +74,8 @@ class SharedMemory {
                                              std::string_view label, uint64_t bytes);
 
   uint8_t* data() const { return map_.data(); }
+  uint64_t bytes() const { return map_.bytes(); }
+  void Unlink() { name_ = ShmName(); }
   SharedHandle Handle() const {
     SharedHandle h;
     h.kind = SharedHandle::Kind::kHostShm;
