@@ -321,10 +321,12 @@ class SessionImpl final : public Session {
   }
 
   std::vector<v1::RequestError> TakeAsyncErrors() override {
+    if (lane_) PumpLane(nullptr);
     std::lock_guard<std::mutex> lock(mu_);
     return std::exchange(async_errors_, {});
   }
   std::vector<uint64_t> TakeExpiredLeases() override {
+    if (lane_) PumpLane(nullptr);
     std::lock_guard<std::mutex> lock(mu_);
     return std::exchange(expired_, {});
   }

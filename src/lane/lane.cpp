@@ -29,7 +29,6 @@ void Ding(uint32_t* doorbell) {
   FutexWakeAll(doorbell);
 }
 
-constexpr uint64_t AlignUp(uint64_t n) { return (n + kRecordAlign - 1) / kRecordAlign * kRecordAlign; }
 
 LaneWords WordsAt(uint8_t* base, const LaneGeometry& g) {
   LaneWords w;
@@ -123,7 +122,13 @@ class Cursor {
     at_ += n;
     return true;
   }
-  void Align(uint64_t to) { at_ = std::min<uint64_t>(r_.size(), (at_ + to - 1) / to * to); }
+  // Skips to the next multiple of `to`; false when a skipped byte is not zero.
+  bool Align(uint64_t to) {
+    const size_t next = std::min<uint64_t>(r_.size(), (at_ + to - 1) / to * to);
+    bool zero = true;
+    for (; at_ < next; ++at_) zero = zero && r_[at_] == 0;
+    return zero;
+  }
   size_t at() const { return at_; }
   size_t size() const { return r_.size(); }
 
@@ -149,9 +154,9 @@ absl::StatusOr<RecordHead> HeadOf(std::span<const uint8_t> record) {
 
 // A decoded record must use exactly its size: the body length follows from the counts.
 absl::Status ExactEnd(const RecordHead& h, Cursor& c) {
-  c.Align(kRecordAlign);
+  if (!c.Align(kRecordAlign)) return Malformed(h, "nonzero padding");
   if (c.at() != c.size()) {
-    return Malformed(h, absl::StrCat("its counts describe ", c.at(), " bytes"));
+    return Malformed(h, absl::StrCat("its counts describe ", sizeof(RecordHead) + c.at(), " bytes"));
   }
   return absl::OkStatus();
 }
@@ -270,6 +275,7 @@ absl::StatusOr<Request> DecodeRequest(std::span<const uint8_t> record) {
       break;
     }
     case RecordType::kPrefetch: {
+      if (h.seq != 0) return Malformed(h, "a prefetch carries no seq (0)");
       r.groups.resize(h.count);
       for (PrefetchGroup& g : r.groups) {
         uint32_t n = 0;
@@ -280,7 +286,7 @@ absl::StatusOr<Request> DecodeRequest(std::span<const uint8_t> record) {
         }
         g.experts.resize(n);
         for (uint32_t& e : g.experts) c.Get(&e);
-        c.Align(8);
+        if (!c.Align(8)) return Malformed(h, "nonzero padding");
       }
       break;
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # expertctl's service tools against the real demo daemon: health (grpc_health_probe exit codes),
 # bench from three concurrent sessions verifying every granted slot against the model file,
-# stats (live sessions during the bench, consistent model counters after it), a bench against
+# stats (live sessions during the bench, on their lanes, consistent model counters after it), the
+# same over the stream (--transport stream), a bench against
 # the wrong model file (every slot a mismatch, exit 1), and SIGTERM (exit 0, then health 2).
 #   expertctl_bench.sh EXPERTD EXPERTCTL TRACE
 set -euo pipefail
@@ -57,8 +58,12 @@ $py - "$work/bench.json" <<'PY' || fail "bench results"
 import json, sys
 b = json.load(open(sys.argv[1]))
 keys = {"accesses", "hit_rate", "verified", "mismatches", "errors", "acquire_p50_us",
-        "acquire_p99_us", "throughput_bytes_per_s", "sessions", "seconds", "bytes_granted"}
+        "acquire_p99_us", "throughput_bytes_per_s", "sessions", "seconds", "bytes_granted",
+        "transport", "cycle_p50_us", "cycle_p99_us"}
 assert set(b) == keys, sorted(set(b) ^ keys)
+# Over the Unix socket the default transport is the session's shared-memory lane.
+assert b["transport"] == "lane", b
+assert 0 < b["acquire_p50_us"] <= b["cycle_p50_us"] <= b["cycle_p99_us"], b
 assert b["sessions"] == 3 and b["errors"] == 0 and b["mismatches"] == 0, b
 assert b["verified"] > 0 and b["verified"] == b["accesses"], b
 assert 0 <= b["hit_rate"] <= 1 and b["bytes_granted"] > 0 and b["throughput_bytes_per_s"] > 0, b
@@ -88,11 +93,20 @@ for path in sys.argv[3:]:
             granted = s["hits"] + s["misses"]
             assert 0 < granted <= 2 * s["acquires"] and s["errors"] == 0, s
             assert s["leases_held"] <= 1, s
+            # Every acquire and release of a lane session is a lane request.
+            assert s["transport"] == "lane" and s["lane"]["requests"] >= s["acquires"], s
+            assert s["lane"]["responses"] >= s["acquires"] - 1, s  # one acquire may be in flight
 assert seen > 0, "no live bench session seen in any stats poll"
 print(f"stats: {seen} live session snapshots; after: accesses {m['accesses']}, hits {m['hits']}, "
       f"joins {m['joins']}, misses {m['misses']}")
 PY
 "$ctl" stats --addr "$addr" | grep -q "^model demo" || fail "stats text"
+
+echo "== bench --transport stream: the same checks over the gRPC stream"
+"$ctl" bench --addr "$addr" --trace "$trace" --gguf "$gguf" --limit 300 --transport stream --json \
+  > "$work/stream.json" 2> /dev/null || fail "bench --transport stream"
+$py -c 'import json,sys; b=json.load(open(sys.argv[1])); assert b["transport"] == "stream" and b["errors"] == 0 and b["verified"] == b["accesses"] > 0, b' \
+  "$work/stream.json" || fail "stream bench counts"
 
 echo "== bench against a different model file: every slot a mismatch, exit 1"
 "$ctl" synth --preset mixtral-tiny --out "$work/other" --seed 8 > /dev/null 2>&1
