@@ -190,6 +190,7 @@ grpc::ServerUnaryReactor* ExpertdService::GetStats(grpc::CallbackServerContext* 
   if (!state_->device_names.empty()) response->set_device(state_->device_names.front());
   for (const std::string& d : state_->device_names) response->add_devices(d);
   response->set_draining(state_->sessions->draining());
+  response->set_leases_outstanding(state_->sessions->LeasesOutstanding());
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

@@ -95,6 +95,7 @@ nlohmann::json StatsJson(const v1::GetStatsResponse& r) {
           {"uptime_ms", r.uptime_ms()},
           {"draining", r.draining()},
           {"sessions", r.sessions()},
+          {"leases_outstanding", r.leases_outstanding()},
           {"models", models}};
 }
 

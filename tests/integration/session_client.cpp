@@ -5,7 +5,8 @@
 //   load ADDR GGUF                  acquire/verify/release until the daemon ends the stream or
 //                                   refuses acquires (drain); exit 0 when nothing mismatched
 //   bad ADDR                        every bad-request class: codes and messages, state unchanged
-//   leases ADDR                     prints "sessions S leases L" from GetStats
+//   leases ADDR                     prints "sessions S leases L outstanding O" from GetStats
+//                                   (O: with ended sessions' leases still draining)
 // Every check prints what failed and exits 1.
 #include <unistd.h>
 
@@ -353,7 +354,9 @@ int Leases(const std::string& addr) {
   for (const auto& m : stats->models()) {
     for (const auto& s : m.sessions()) leases += s.leases_held();
   }
-  std::printf("sessions %u leases %llu\n", stats->sessions(), static_cast<unsigned long long>(leases));
+  std::printf("sessions %u leases %llu outstanding %llu\n", stats->sessions(),
+              static_cast<unsigned long long>(leases),
+              static_cast<unsigned long long>(stats->leases_outstanding()));
   return 0;
 }
 

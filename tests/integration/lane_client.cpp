@@ -1,0 +1,268 @@
+// A client process for daemon_lane.sh: the session request lane through real processes. Modes:
+//   grants ADDR GGUF lane|stream N SEED   N acquires of a seeded sequence on one session of that
+//                                         transport, every slot checked against the GGUF (plain
+//                                         pread); prints one line per grant: layer, then
+//                                         expert/class/slot/generation/hit per slot
+//   garbage ADDR                          opens a lane session by hand (raw gRPC), writes garbage
+//                                         into its lane; exit 0 when the daemon ends the stream
+//                                         with INVALID_ARGUMENT naming the lane within 5 s
+//   stuff ADDR N                          a raw lane session with N acquires written and never
+//                                         read; prints "stuffed N", then sleeps (kill -9 me)
+//   idle ADDR N SECONDS                   N lane sessions, one acquire and release each, then
+//                                         idle; prints "idle N"
+//   rate ADDR SECONDS [THREADS]           acquire/release cycles on one session from THREADS
+//                                         threads (default 1) for SECONDS; prints "cycles C"
+// Every check prints what failed and exits 1.
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "catalog/catalog.h"
+#include "client.h"
+#include "device/host/host_device.h"
+#include "expertd/v1/service.grpc.pb.h"
+#include "format/gguf_model.h"
+#include "lane/lane.h"
+#include "util/file.h"
+#include "util/hash.h"
+
+namespace {
+
+using expertd::client::Client;
+using expertd::client::Session;
+using expertd::client::SessionOptions;
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "lane_client: FAIL: %s\n", what.c_str());
+  std::exit(1);
+}
+
+std::unique_ptr<Client> Connect(const std::string& addr) {
+  expertd::client::ConnectOptions o;
+  o.address = addr;
+  auto c = Client::Connect(o);
+  if (!c.ok()) Die(std::string(c.status().message()));
+  return *std::move(c);
+}
+
+std::unique_ptr<Session> Open(Client& c, SessionOptions::Transport transport,
+                              const std::string& name) {
+  SessionOptions o;
+  o.model = "demo";
+  o.client_name = name;
+  o.transport = transport;
+  auto s = c.OpenSession(o);
+  if (!s.ok()) Die(absl::StrCat("OpenSession: ", s.status().ToString()));
+  return *std::move(s);
+}
+
+int Grants(const std::string& addr, const std::string& gguf, const std::string& transport,
+           int n, uint32_t seed) {
+  auto model = expertd::GgufModel::Open(gguf);
+  if (!model.ok()) Die(model.status().ToString());
+  auto catalog = expertd::ModelCatalog::Build(*model, nullptr);
+  if (!catalog.ok()) Die(catalog.status().ToString());
+  std::vector<std::unique_ptr<expertd::ReadFile>> files;
+  for (const auto& p : catalog->packs()) {
+    auto f = expertd::ReadFile::Open(p.path);
+    if (!f.ok()) Die(f.status().ToString());
+    files.push_back(std::make_unique<expertd::ReadFile>(*std::move(f)));
+  }
+  auto client = Connect(addr);
+  auto session = Open(*client,
+                      transport == "lane" ? SessionOptions::Transport::kLane
+                                          : SessionOptions::Transport::kStream,
+                      "grants");
+  if (session->transport() != transport) Die("transport " + std::string(session->transport()));
+  std::mt19937 rng(seed);
+  const auto& info = session->model();
+  std::vector<uint8_t> want;
+  for (int i = 0; i < n; ++i) {
+    const uint32_t layer = info.moe_layers(static_cast<int>(rng() % info.moe_layers_size()));
+    std::vector<uint32_t> experts = {static_cast<uint32_t>(rng() % info.n_expert())};
+    do {
+      experts.resize(1);
+      experts.push_back(static_cast<uint32_t>(rng() % info.n_expert()));
+    } while (experts[1] == experts[0]);
+    auto lease = session->Acquire(layer, experts);
+    if (!lease.ok()) Die(absl::StrCat("acquire: ", lease.status().ToString()));
+    std::string line = absl::StrCat(layer);
+    for (const auto& s : lease->slots) {
+      for (size_t p = 0; p < s.projections.size(); ++p) {
+        auto loc = catalog->Locate(layer, s.expert, p);
+        if (!loc.ok()) Die(loc.status().ToString());
+        want.resize(loc->bytes);
+        if (auto st = files[loc->pack]->ReadAt(loc->offset, want); !st.ok()) Die(st.ToString());
+        if (expertd::Xxh3(s.projections[p].first(loc->bytes)) != expertd::Xxh3(want)) {
+          Die(absl::StrCat("layer ", layer, " expert ", s.expert, " projection ", p,
+                           ": bytes differ from the model file"));
+        }
+      }
+      absl::StrAppend(&line, " ", s.expert, "/", s.slot_class, "/", s.slot, "/", s.generation, "/",
+                      s.hit ? 1 : 0);
+    }
+    std::printf("%s\n", line.c_str());
+    if (auto st = session->Release(*lease); !st.ok()) Die(st.ToString());
+  }
+  session->Close();
+  if (!session->TakeAsyncErrors().empty()) Die("a release was refused");
+  return 0;
+}
+
+// A lane session opened by hand: the raw stream and this process's mapping of the lane.
+struct RawLane {
+  std::unique_ptr<expertd::v1::Expertd::Stub> stub;
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<expertd::v1::SessionRequest,
+                                           expertd::v1::SessionResponse>> stream;
+  expertd::ShmMapping map;
+  std::unique_ptr<expertd::lane::LaneClientEnd> end;
+  uint8_t* base = nullptr;
+  expertd::lane::LaneGeometry geometry;
+};
+
+std::unique_ptr<RawLane> OpenRaw(const std::string& addr) {
+  auto r = std::make_unique<RawLane>();
+  r->stub = expertd::v1::Expertd::NewStub(grpc::CreateChannel(
+      expertd::client::ChannelTarget(addr), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext open_ctx;
+  expertd::v1::OpenSessionRequest req;
+  req.set_model("demo");
+  req.set_client_name("raw-lane");
+  req.set_transport(expertd::v1::TRANSPORT_LANE);
+  expertd::v1::OpenSessionResponse resp;
+  grpc::Status st = r->stub->OpenSession(&open_ctx, req, &resp);
+  if (!st.ok()) Die(absl::StrCat("OpenSession: ", st.error_message()));
+  if (!resp.has_lane()) Die("no lane offered");
+  const auto& m = resp.lane().memory();
+  expertd::SharedHandle h;
+  h.kind = expertd::SharedHandle::Kind::kHostShm;
+  h.shm_name = m.shm_name();
+  h.fd = m.fd();
+  h.owner_pid = m.owner_pid();
+  h.dev = m.dev();
+  h.inode = m.inode();
+  auto map = expertd::MapSharedSegment(h, resp.lane().segment_bytes());
+  if (!map.ok()) Die(map.status().ToString());
+  r->map = *std::move(map);
+  r->base = r->map.data();
+  r->geometry.request_bytes = resp.lane().request_bytes();
+  r->geometry.response_bytes = resp.lane().response_bytes();
+  auto end = expertd::lane::LaneClientEnd::Attach(r->base, r->map.bytes(), r->geometry);
+  if (!end.ok()) Die(end.status().ToString());
+  r->end = std::make_unique<expertd::lane::LaneClientEnd>(*std::move(end));
+  r->stream = r->stub->Session(&r->ctx);
+  expertd::v1::SessionRequest attach;
+  attach.mutable_attach()->set_session_id(resp.session_id());
+  expertd::v1::SessionResponse reply;
+  if (!r->stream->Write(attach) || !r->stream->Read(&reply) || !reply.has_attached()) {
+    Die("attach");
+  }
+  return r;
+}
+
+int Garbage(const std::string& addr) {
+  auto r = OpenRaw(addr);
+  // A record claiming 2 GiB, published by moving the head.
+  std::vector<uint8_t> junk(64, 0x7f);
+  if (!r->end->Write(junk)) Die("the lane was full");
+  std::thread watchdog([] {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    Die("the daemon did not end the stream within 5 s");
+  });
+  watchdog.detach();
+  expertd::v1::SessionResponse reply;
+  while (r->stream->Read(&reply)) {
+  }
+  const grpc::Status st = r->stream->Finish();
+  if (st.error_code() != grpc::StatusCode::INVALID_ARGUMENT ||
+      st.error_message().find("lane") == std::string::npos) {
+    Die(absl::StrCat("stream ended with ", st.error_code(), ": ", st.error_message()));
+  }
+  if (r->end->state() != expertd::lane::kStateFailed) Die("the lane is not marked failed");
+  std::printf("failed: %s\n", st.error_message().c_str());
+  return 0;
+}
+
+int Stuff(const std::string& addr, int n) {
+  auto r = OpenRaw(addr);
+  for (int i = 1; i <= n; ++i) {
+    std::vector<uint8_t> rec;
+    const uint32_t experts[] = {static_cast<uint32_t>(i % 8), static_cast<uint32_t>((i + 1) % 8)};
+    if (!expertd::lane::EncodeAcquire(i, static_cast<uint32_t>(i % 4), experts, &rec).ok() ||
+        !r->end->Write(rec)) {
+      Die("writing acquires");
+    }
+  }
+  std::printf("stuffed %d\n", n);
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
+int Idle(const std::string& addr, int n, double seconds) {
+  auto client = Connect(addr);
+  std::vector<std::unique_ptr<Session>> sessions;
+  for (int i = 0; i < n; ++i) {
+    sessions.push_back(Open(*client, SessionOptions::Transport::kLane, absl::StrCat("idle-", i)));
+    const uint32_t experts[] = {static_cast<uint32_t>(i % 8)};
+    auto lease = sessions.back()->Acquire(0, experts);
+    if (!lease.ok()) Die(lease.status().ToString());
+    if (auto st = sessions.back()->Release(*lease); !st.ok()) Die(st.ToString());
+  }
+  std::printf("idle %d\n", n);
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+  return 0;
+}
+
+int Rate(const std::string& addr, double seconds, int threads) {
+  auto client = Connect(addr);
+  auto session = Open(*client, SessionOptions::Transport::kAuto, "rate");
+  std::atomic<uint64_t> cycles{0};
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      std::mt19937 rng(t + 1);
+      const auto& info = session->model();
+      while (std::chrono::steady_clock::now() < deadline) {
+        const uint32_t layer = info.moe_layers(static_cast<int>(rng() % info.moe_layers_size()));
+        const uint32_t experts[] = {static_cast<uint32_t>(rng() % info.n_expert())};
+        auto lease = session->Acquire(layer, experts);
+        if (!lease.ok()) Die(lease.status().ToString());
+        if (auto st = session->Release(*lease); !st.ok()) Die(st.ToString());
+        cycles.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& t : pool) t.join();
+  std::printf("cycles %llu\n", static_cast<unsigned long long>(cycles.load()));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "grants" && argc == 7) {
+    return Grants(argv[2], argv[3], argv[4], std::atoi(argv[5]), std::atoi(argv[6]));
+  }
+  if (mode == "garbage" && argc == 3) return Garbage(argv[2]);
+  if (mode == "stuff" && argc == 4) return Stuff(argv[2], std::atoi(argv[3]));
+  if (mode == "idle" && argc == 5) return Idle(argv[2], std::atoi(argv[3]), std::atof(argv[4]));
+  if (mode == "rate" && (argc == 4 || argc == 5)) {
+    return Rate(argv[2], std::atof(argv[3]), argc == 5 ? std::atoi(argv[4]) : 1);
+  }
+  std::fprintf(stderr, "usage: see the comment at the top of lane_client.cpp\n");
+  return 2;
+}
