@@ -3,7 +3,6 @@
 #include <sched.h>
 
 #include "absl/strings/str_cat.h"
-#include "util/futex.h"
 
 namespace expertd {
 
@@ -85,14 +84,12 @@ void LaneServer::Fail(const absl::Status& status) {
 void LaneServer::Loop() {
   lane::Request request;
   absl::Time last = absl::Now();
-  uint32_t idle_rounds = 0;
   while (!stop_.load()) {
     bool got = false;
     if (absl::Status st = end_.Next(&request, &got); !st.ok()) return Fail(st);
     if (got) {
       handle_(request);
       last = absl::Now();
-      idle_rounds = 0;
       continue;
     }
     bool waiting = false;
@@ -104,12 +101,9 @@ void LaneServer::Loop() {
     }
     if (!flushed.ok()) return Fail(flushed);
     if (absl::Now() - last < options_.spin) {
-      // Spin politely: on a busy host a yield lets the client (or another session) run.
-      if (++idle_rounds % 16 == 0) {
-        sched_yield();
-      } else {
-        for (int i = 0; i < 32; ++i) CpuRelax();
-      }
+      // Yield while watching: on a busy host the client (or another session's thread) may need
+      // this very core to write the next request.
+      sched_yield();
       continue;
     }
     // Deferred answers wait for the client to read: look again every millisecond.

@@ -18,7 +18,6 @@
 #include "expertd/v1/service.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "lane/lane.h"
-#include "util/futex.h"
 
 namespace expertd::client {
 namespace {
@@ -125,8 +124,8 @@ absl::StatusOr<std::unique_ptr<ClientLane>> MapLane(const v1::LaneHandle& h) {
   return std::unique_ptr<ClientLane>(new ClientLane{*std::move(map), *std::move(end), {}, {}, {}});
 }
 
-// How long a caller watches the lane for its answer before it sleeps on the lane's doorbell: a
-// hit is answered within microseconds, a miss takes a read.
+// How long a caller watches the lane for its answer (yielding the core meanwhile) before it
+// sleeps on the lane's doorbell: a hit is answered within microseconds, a miss takes a read.
 constexpr absl::Duration kLaneSpin = absl::Microseconds(50);
 
 class SessionImpl final : public Session {
@@ -543,7 +542,8 @@ class SessionImpl final : public Session {
       const absl::Time now = absl::Now();
       if (now >= deadline) return;
       if (now < spin_until) {
-        for (int i = 0; i < 32; ++i) CpuRelax();
+        // Yield, not pause: on a busy host the daemon's lane thread may need this very core.
+        std::this_thread::yield();
         continue;
       }
       lane_->end.Sleep(seen, std::min(deadline - now, absl::Milliseconds(100)));
