@@ -4,25 +4,28 @@
 #   all-fit   the demo model with every bundle resident ([device] slot_memory = "1023MiB"), one
 #             warm-up pass, then ROUNDS rounds of stream and lane alternately: acquire and
 #             acquire+release (the Acquire→Grant→Release cycle) p50 / p99, and lane/stream ratios
-#   4 procs   four expertctl processes on the lane at once: each one's p50 against one session's
+#   4 procs   four expertctl processes at once, on the lane and then on the stream: each one's
+#             p50 against one session's
 #   quarter   the default demo pool (a quarter of the bundles fit): throughput and hit rate over
 #             the lane and over the stream, alternately
 # Every granted slot is verified against the model file; a benchmark, not a test: it reports,
 # and fails only when a run fails or a slot mismatches.
-#   bench/lane_bench.sh [--limit N] [--rounds R] [--trace T]   (defaults 4000, 3, humaneval_2)
-# CI runs the short version: --limit 300 --rounds 1.
+#   bench/lane_bench.sh [--limit N] [--rounds R] [--trace T] [--bin DIR]
+#   (defaults 4000, 3, humaneval_2, build/bin). CI runs the short version: --limit 300 --rounds 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-limit=4000 rounds=3 trace=tests/data/traces/mixtral-8x7b/humaneval_2_routing.jsonl
+limit=4000 rounds=3 trace=tests/data/traces/mixtral-8x7b/humaneval_2_routing.jsonl bin=build/bin
 while [ $# -gt 0 ]; do
   case $1 in
     --limit) limit=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --trace) trace=$2; shift 2 ;;
-    *) echo "usage: bench/lane_bench.sh [--limit N] [--rounds R] [--trace T]" >&2; exit 2 ;;
+    --bin) bin=$2; shift 2 ;;
+    *) echo "usage: bench/lane_bench.sh [--limit N] [--rounds R] [--trace T] [--bin DIR]" >&2
+       exit 2 ;;
   esac
 done
-expertd=build/bin/expertd ctl=build/bin/expertctl
+expertd=$bin/expertd ctl=$bin/expertctl
 [ -x $expertd ] && [ -x $ctl ] || { echo "build first (scripts/build)" >&2; exit 2; }
 work=$(mktemp -d)
 daemon=
@@ -31,7 +34,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-export XDG_CACHE_HOME=$PWD/build/demo-cache
+export XDG_CACHE_HOME=$work/cache  # the daemon synthesizes the demo model there (under a second)
 gguf=$XDG_CACHE_HOME/expertd/demo/model.gguf
 sock=$work/expertd.sock
 addr=unix://$sock
@@ -69,13 +72,15 @@ for r in $(seq 1 "$rounds"); do
   bench stream "$work/fit-stream-$r.json"
   bench lane "$work/fit-lane-$r.json"
 done
-echo "== 4 processes on the lane at once"
-procs=()
-for p in 1 2 3 4; do
-  bench lane "$work/proc-$p.json" &
-  procs+=($!)
+for transport in lane stream; do
+  echo "== 4 processes on the $transport at once"
+  procs=()
+  for p in 1 2 3 4; do
+    bench $transport "$work/proc-$transport-$p.json" &
+    procs+=($!)
+  done
+  for p in "${procs[@]}"; do wait "$p"; done
 done
-for p in "${procs[@]}"; do wait "$p"; done
 stop
 
 echo "== quarter pool: $rounds round(s) of stream and lane"
@@ -98,7 +103,8 @@ def load(pattern):
 med = lambda runs, key: statistics.median(r[key] for r in runs)
 fs, fl = load("fit-stream-*.json"), load("fit-lane-*.json")
 assert all(r["transport"] == "stream" for r in fs) and all(r["transport"] == "lane" for r in fl)
-procs = load("proc-*.json")
+procs = load("proc-lane-*.json")
+procs_stream = load("proc-stream-*.json")
 qs, ql = load("q-stream-*.json"), load("q-lane-*.json")
 print(f"all-fit (hit rate lane {med(fl, 'hit_rate'):.3f}, stream {med(fs, 'hit_rate'):.3f}), "
       f"medians of {rounds} round(s):")
@@ -112,6 +118,10 @@ p50s = [r["cycle_p50_us"] for r in procs]
 print(f"4 processes on the lane: acquire+release p50 per process "
       f"{', '.join(f'{p:.1f}' for p in p50s)} us; worst / one session "
       f"{max(p50s) / med(fl, 'cycle_p50_us'):.2f}")
+p50s = [r["cycle_p50_us"] for r in procs_stream]
+print(f"4 processes on the stream: acquire+release p50 per process "
+      f"{', '.join(f'{p:.1f}' for p in p50s)} us; worst / one session "
+      f"{max(p50s) / med(fs, 'cycle_p50_us'):.2f}")
 print(f"quarter pool (hit rate lane {med(ql, 'hit_rate'):.3f}, stream {med(qs, 'hit_rate'):.3f}): "
       f"throughput lane {med(ql, 'throughput_bytes_per_s') / 2**20:.0f} MiB/s, stream "
       f"{med(qs, 'throughput_bytes_per_s') / 2**20:.0f} MiB/s, lane/stream "

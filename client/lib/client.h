@@ -18,6 +18,10 @@
 //   (*session)->Release(*lease);             // the daemon's next copy into a slot waits on them
 // Nothing blocks the CPU; the same calls on a host session are a no-op and a done signal.
 //
+// Requests travel through the session's shared-memory request lane when the daemon offers one
+// (SessionOptions::transport; docs/protocol.md, "The request lane"): a caller watches for its
+// answer for 50 µs, then sleeps on the lane's futex. Over the stream otherwise.
+//
 // Threading: Client and Session are thread-safe; several threads may acquire on one session.
 // Errors are absl::Status with the daemon's gRPC code (docs/protocol.md lists them).
 #pragma once

@@ -74,6 +74,10 @@ TEST(ConfigDefaults, AreTheDocumentedValues) {
   EXPECT_EQ(c.limits.session_attach_timeout, milliseconds(10'000));
   EXPECT_EQ(c.limits.max_message_bytes, uint64_t{4} << 20);
   EXPECT_EQ(c.limits.drain_timeout, milliseconds(10'000));
+  EXPECT_TRUE(c.lane.enabled);
+  EXPECT_EQ(c.lane.spin_us, 50u);
+  EXPECT_EQ(c.lane.request_ring_bytes, uint64_t{64} << 10);
+  EXPECT_EQ(c.lane.response_ring_bytes, uint64_t{256} << 10);
   EXPECT_EQ(c.logging.level, LoggingConfig::Level::kInfo);
   EXPECT_EQ(c.logging.format, LoggingConfig::Format::kText);
   EXPECT_FALSE(c.metrics.listen.has_value());
@@ -115,6 +119,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& AllKeys() {
       {"limits",
        {"max_sessions", "max_leases_per_session", "max_experts_per_acquire", "lease_ttl",
         "session_attach_timeout", "max_message_bytes", "drain_timeout"}},
+      {"lane", {"enabled", "spin_us", "request_ring_bytes", "response_ring_bytes"}},
       {"logging", {"level", "format"}},
       {"metrics", {"listen"}},
       {"demo", {"cache_dir", "preset"}},
@@ -231,6 +236,9 @@ TEST(ConfigErrors, RangesNameTheKeyAndTheLimits) {
   EXPECT_TRUE(Bad("[predictor]\nmax_experts = 0\n", {"predictor.max_experts"}));
   EXPECT_TRUE(Bad("[predictor]\nhistory_tokens = 0\n", {"predictor.history_tokens"}));
   EXPECT_TRUE(Bad("[limits]\nmax_sessions = 0\n", {"limits.max_sessions"}));
+  EXPECT_TRUE(Bad("[lane]\nresponse_ring_bytes = \"100KiB\"\n", {"lane.response_ring_bytes"}));
+  EXPECT_TRUE(Bad("[lane]\nrequest_ring_bytes = \"32KiB\"\n", {"lane.request_ring_bytes"}));
+  EXPECT_TRUE(Bad("[lane]\nspin_us = 20000\n", {"lane.spin_us"}));
   EXPECT_TRUE(Bad("[limits]\nmax_leases_per_session = 0\n", {"limits.max_leases_per_session"}));
   EXPECT_TRUE(Bad("[limits]\nmax_experts_per_acquire = 0\n", {"limits.max_experts_per_acquire"}));
   EXPECT_TRUE(Bad("[limits]\nlease_ttl = \"0s\"\n", {"limits.lease_ttl: must be at least 1ms"}));
