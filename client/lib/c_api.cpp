@@ -339,13 +339,16 @@ EXPERTD_Error* EXPERTD_ClientModelExpertBytes(EXPERTD_Client* client, size_t ind
 
 // ---- Session -----------------------------------------------------------------------------------
 
-EXPERTD_Error* EXPERTD_SessionNew(EXPERTD_Session** session, EXPERTD_Client* client,
-                                  const char* model, const char* client_name) {
-  if (auto* e = NotNull(__func__, {ARG(session), ARG(client), ARG(model)})) return e;
-  return Guard(__func__, [&](const char* fn) -> EXPERTD_Error* {
+namespace {
+
+EXPERTD_Error* OpenSession(const char* func, EXPERTD_Session** session, EXPERTD_Client* client,
+                           const char* model, const char* client_name,
+                           ec::SessionOptions::Transport transport) {
+  return Guard(func, [&](const char* fn) -> EXPERTD_Error* {
     ec::SessionOptions options;
     options.model = model;
     options.client_name = client_name ? client_name : "";
+    options.transport = transport;
     absl::StatusOr<std::unique_ptr<ec::Session>> s = client->client->OpenSession(options);
     if (!s.ok()) return FromStatus(s.status());
     auto state = std::make_shared<SessionState>();
@@ -392,6 +395,38 @@ EXPERTD_Error* EXPERTD_SessionNew(EXPERTD_Session** session, EXPERTD_Client* cli
     *session = new EXPERTD_Session{std::move(state)};
     return nullptr;
   });
+}
+
+}  // namespace
+
+EXPERTD_Error* EXPERTD_SessionNew(EXPERTD_Session** session, EXPERTD_Client* client,
+                                  const char* model, const char* client_name) {
+  if (auto* e = NotNull(__func__, {ARG(session), ARG(client), ARG(model)})) return e;
+  return OpenSession(__func__, session, client, model, client_name,
+                     ec::SessionOptions::Transport::kAuto);
+}
+
+EXPERTD_Error* EXPERTD_SessionNewWithTransport(EXPERTD_Session** session, EXPERTD_Client* client,
+                                               const char* model, const char* client_name,
+                                               const char* transport) {
+  if (auto* e = NotNull(__func__, {ARG(session), ARG(client), ARG(model), ARG(transport)})) {
+    return e;
+  }
+  const std::string t = transport;
+  if (t != "auto" && t != "lane" && t != "stream") {
+    return MakeError(EXPERTD_ERROR_INVALID_ARGUMENT,
+                     absl::StrCat(__func__, ": transport '", t, "': auto, lane or stream"));
+  }
+  return OpenSession(__func__, session, client, model, client_name,
+                     t == "lane"     ? ec::SessionOptions::Transport::kLane
+                     : t == "stream" ? ec::SessionOptions::Transport::kStream
+                                     : ec::SessionOptions::Transport::kAuto);
+}
+
+EXPERTD_Error* EXPERTD_SessionTransport(EXPERTD_Session* session, const char** transport) {
+  if (auto* e = NotNull(__func__, {ARG(session), ARG(transport)})) return e;
+  *transport = session->state->session->transport() == "lane" ? "lane" : "stream";
+  return nullptr;
 }
 
 EXPERTD_Error* EXPERTD_SessionDelete(EXPERTD_Session* session) {

@@ -56,7 +56,7 @@ extern "C" {
  * or disappears. A caller built against MAJOR.MINOR works with a library of the same MAJOR and a
  * MINOR at least as large (check with EXPERTD_ApiVersion at run time). */
 #define EXPERTD_CLIENT_API_VERSION_MAJOR 1
-#define EXPERTD_CLIENT_API_VERSION_MINOR 1
+#define EXPERTD_CLIENT_API_VERSION_MINOR 2
 
 typedef struct EXPERTD_Error EXPERTD_Error;
 typedef struct EXPERTD_Client EXPERTD_Client;
@@ -176,6 +176,21 @@ EXPERTD_EXPORT EXPERTD_Error* EXPERTD_ClientModelExpertBytes(EXPERTD_Client* cli
  * success *session is owned by the caller: free it with EXPERTD_SessionDelete. */
 EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionNew(EXPERTD_Session** session, EXPERTD_Client* client,
                                                  const char* model, const char* client_name);
+
+/* EXPERTD_SessionNew with a choice of where requests travel: "auto" (what EXPERTD_SessionNew
+ * does: the session's shared-memory request lane when the daemon offers one, else the stream),
+ * "lane" (FAILED_PRECONDITION when the daemon offers none) or "stream" (the gRPC stream for
+ * everything). INVALID_ARGUMENT for another string. Since API 1.2. */
+EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionNewWithTransport(EXPERTD_Session** session,
+                                                              EXPERTD_Client* client,
+                                                              const char* model,
+                                                              const char* client_name,
+                                                              const char* transport);
+
+/* Where the session's requests travel: *transport is "lane" or "stream" (a static string). Since
+ * API 1.2. */
+EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionTransport(EXPERTD_Session* session,
+                                                       const char** transport);
 
 /* Ends the session: closes its stream, on which the daemon releases every lease still held, and
  * frees the session and everything it returned. Leases of the session that are still alive must

@@ -465,7 +465,16 @@ static void test_daemon(const char* expertd) {
   EXPERTD_Session* s2 = NULL;
   EXPECT_CODE(EXPERTD_SessionNew(&s1, client, "no-such-model", NULL), EXPERTD_ERROR_NOT_FOUND);
   OK(EXPERTD_SessionNew(&s1, client, "demo", "c-api-test-1"));
-  OK(EXPERTD_SessionNew(&s2, client, "demo", NULL));
+  /* The second session keeps everything on the stream; both are checked the same way below. */
+  EXPECT_CODE(EXPERTD_SessionNewWithTransport(&s2, client, "demo", NULL, "pigeon"),
+              EXPERTD_ERROR_INVALID_ARGUMENT);
+  OK(EXPERTD_SessionNewWithTransport(&s2, client, "demo", NULL, "stream"));
+  const char* via1 = NULL;
+  const char* via2 = NULL;
+  OK(EXPERTD_SessionTransport(s1, &via1));
+  OK(EXPERTD_SessionTransport(s2, &via2));
+  EXPECT(strcmp(via1, "lane") == 0, "default session transport %s, want lane", via1);
+  EXPECT(strcmp(via2, "stream") == 0, "stream session transport %s", via2);
 
   const char* device = NULL;
   const char* kind = NULL;

@@ -236,7 +236,8 @@ TEST(ConfigErrors, RangesNameTheKeyAndTheLimits) {
   EXPECT_TRUE(Bad("[predictor]\nmax_experts = 0\n", {"predictor.max_experts"}));
   EXPECT_TRUE(Bad("[predictor]\nhistory_tokens = 0\n", {"predictor.history_tokens"}));
   EXPECT_TRUE(Bad("[limits]\nmax_sessions = 0\n", {"limits.max_sessions"}));
-  EXPECT_TRUE(Bad("[lane]\nresponse_ring_bytes = \"100KiB\"\n", {"lane.response_ring_bytes"}));
+  EXPECT_TRUE(Bad("[lane]\nresponse_ring_bytes = 70000\n",
+                  {"lane.response_ring_bytes", "multiple of 4 KiB"}));
   EXPECT_TRUE(Bad("[lane]\nrequest_ring_bytes = \"32KiB\"\n", {"lane.request_ring_bytes"}));
   EXPECT_TRUE(Bad("[lane]\nspin_us = 20000\n", {"lane.spin_us"}));
   EXPECT_TRUE(Bad("[limits]\nmax_leases_per_session = 0\n", {"limits.max_leases_per_session"}));
