@@ -162,8 +162,10 @@ void Session::Acquire(const v1::Acquire& request) {
         v1::SessionResponse r;
         {
           std::lock_guard<std::mutex> lock(self->mu_);
-          --self->pending_;
+          // An ended session counts the acquire until its grant is given back (below), so the
+          // registry sees the slots as outstanding until then.
           if (!self->ended_) {
+            --self->pending_;
             const uint64_t lease = self->next_lease_++;
             v1::Grant* g = r.mutable_grant();
             g->set_seq(seq);
@@ -188,6 +190,8 @@ void Session::Acquire(const v1::Acquire& request) {
         if (r.has_grant()) return self->Push(std::move(r));
         // The stream ended while the read was in flight: nobody will ever see this grant.
         self->Reclaim(*grant);
+        std::lock_guard<std::mutex> lock(self->mu_);
+        --self->pending_;
       });
 }
 
@@ -513,7 +517,7 @@ void SessionRegistry::End(const std::shared_ptr<Session>& session) {
         ++lit;
       }
     }
-    if (!session->leases_.empty()) {
+    if (!session->leases_.empty() || session->pending_ > 0) {
       ended_.push_back({session, absl::Now() + limits_.lease_ttl});
     } else if (!session->fences_.empty() && !session->client_gone_) {
       watched_.push_back({session, absl::Now() + limits_.lease_ttl});
@@ -546,7 +550,7 @@ uint64_t SessionRegistry::LeasesOutstanding() const {
   }
   for (const Draining& d : ended_) {
     std::lock_guard<std::mutex> slock(d.session->mu_);
-    n += d.session->leases_.size();
+    n += d.session->leases_.size() + d.session->pending_;
   }
   return n;
 }
@@ -622,7 +626,7 @@ void SessionRegistry::ReapOnce(absl::Time now) {
           ++lit;
         }
       }
-      if (!s.leases_.empty()) {
+      if (!s.leases_.empty() || s.pending_ > 0) {  // acquires in flight come back by themselves
         ++it;
         continue;
       }
