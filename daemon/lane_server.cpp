@@ -2,6 +2,8 @@
 
 #include <sched.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace expertd {
@@ -84,6 +86,7 @@ void LaneServer::Fail(const absl::Status& status) {
 void LaneServer::Loop() {
   lane::Request request;
   absl::Time last = absl::Now();
+  absl::Duration deferred_wait = absl::Milliseconds(1);
   while (!stop_.load()) {
     bool got = false;
     if (absl::Status st = end_.Next(&request, &got); !st.ok()) return Fail(st);
@@ -106,8 +109,16 @@ void LaneServer::Loop() {
       sched_yield();
       continue;
     }
-    // Deferred answers wait for the client to read: look again every millisecond.
-    end_.Sleep(waiting ? absl::Milliseconds(1) : absl::InfiniteDuration(), stop_);
+    // Deferred answers wait for the client to read: look again after 1 ms, backing off to
+    // 100 ms while it does not. Otherwise sleep until rung, but never without a limit: the
+    // doorbell is the client's to write, and a stop's wake could be lost to it.
+    if (waiting) {
+      end_.Sleep(deferred_wait, stop_);
+      deferred_wait = std::min(deferred_wait * 2, absl::Milliseconds(100));
+    } else {
+      deferred_wait = absl::Milliseconds(1);
+      end_.Sleep(absl::Seconds(2), stop_);
+    }
   }
 }
 

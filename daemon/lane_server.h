@@ -1,9 +1,10 @@
 // The daemon's side of one session's request lane (src/lane/lane.h): the shared segment, the
 // session's lane thread that reads requests, and the Outbox that writes answers. The thread spins
 // for `spin` after its last request (a client in a decode loop sends the next one within
-// microseconds), then sleeps on the lane's doorbell: an idle session costs no CPU. Each session
-// has its own thread, so the scheduler shares the CPU fairly between sessions however hard one
-// floods its lane.
+// microseconds), then sleeps on the lane's doorbell (waking every 2 s to look at its stop
+// flag, since the doorbell is the client's to scribble on): an idle session costs next to no
+// CPU. Each session has its own thread, so the scheduler shares the CPU fairly between sessions
+// however hard one floods its lane.
 //
 // Everything in the segment is the client's to scribble on. A broken record or an impossible
 // index fails this session only: `fail` is called once with the reason, the lane is marked

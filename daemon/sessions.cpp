@@ -137,6 +137,8 @@ void Session::Acquire(const v1::Acquire& request) {
   bool over = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // A request read after the session ended (its lane thread was still at it): nobody waits.
+    if (ended_) return;
     over = leases_.size() + pending_ >= limits.max_leases_per_session;
     if (!over) {
       ++pending_;
@@ -499,6 +501,12 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::AttachLocked(
 }
 
 void SessionRegistry::End(const std::shared_ptr<Session>& session) {
+  // The lane first: once its thread stopped, no request of this session starts any more, so
+  // what is outstanding below is complete.
+  if (session->lane_) {
+    session->lane_->Stop();
+    session->lane_->Join();
+  }
   std::vector<Grant> now;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -522,10 +530,6 @@ void SessionRegistry::End(const std::shared_ptr<Session>& session) {
     } else if (!session->fences_.empty() && !session->client_gone_) {
       watched_.push_back({session, absl::Now() + limits_.lease_ttl});
     }
-  }
-  if (session->lane_) {
-    session->lane_->Stop();
-    session->lane_->Join();
   }
   for (const Grant& g : now) session->model().engine().Release(g);
   Notify();

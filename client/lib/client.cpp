@@ -484,6 +484,7 @@ class SessionImpl final : public Session {
     std::unique_lock<std::mutex> reading(lane_->read_mu, std::try_to_lock);
     if (!reading.owns_lock()) return;
     bool others = false;
+    std::vector<v1::Grant> give_back;
     for (;;) {
       lane::Response r;
       bool got = false;
@@ -516,10 +517,11 @@ class SessionImpl final : public Session {
       } else {
         resp.mutable_lease_expired()->set_lease(r.lease);
       }
-      if (const Waiter* w = Dispatch(resp); w != nullptr && w != mine) others = true;
+      if (const Waiter* w = Dispatch(resp, &give_back); w != nullptr && w != mine) others = true;
     }
     reading.unlock();
     if (others) lane_->end.WakeAll();
+    for (const v1::Grant& g : give_back) GiveBack(g);
   }
 
   // Until `waiter` is answered, the session ends or `deadline`: watches the lane for kLaneSpin,
@@ -547,11 +549,15 @@ class SessionImpl final : public Session {
         continue;
       }
       lane_->end.Sleep(seen, std::min(deadline - now, absl::Milliseconds(100)));
+      // Sleep returns at once while answers wait that another thread is reading: let it.
+      std::this_thread::yield();
     }
   }
 
   // Hands one answer to its waiter (or to the async lists). Returns the waiter it answered.
-  const Waiter* Dispatch(v1::SessionResponse& resp) {
+  // A grant for an abandoned waiter goes to `give_back` (the caller releases it once it holds no
+  // lock of the lane).
+  const Waiter* Dispatch(v1::SessionResponse& resp, std::vector<v1::Grant>* give_back) {
     std::unique_lock<std::mutex> lock(mu_);
     if (resp.has_grant() || resp.has_error()) {
       const uint64_t seq = resp.has_grant() ? resp.grant().seq() : resp.error().seq();
@@ -563,8 +569,7 @@ class SessionImpl final : public Session {
       std::shared_ptr<Waiter> w = it->second;
       waiters_.erase(it);
       if (w->abandoned) {
-        lock.unlock();
-        if (resp.has_grant()) GiveBack(resp.grant());
+        if (resp.has_grant()) give_back->push_back(std::move(*resp.mutable_grant()));
         return nullptr;
       }
       w->answered = true;
@@ -583,7 +588,12 @@ class SessionImpl final : public Session {
 
   void ReadLoop() {
     v1::SessionResponse resp;
-    while (stream_->Read(&resp)) Dispatch(resp);
+    std::vector<v1::Grant> give_back;
+    while (stream_->Read(&resp)) {
+      Dispatch(resp, &give_back);
+      for (const v1::Grant& g : give_back) GiveBack(g);
+      give_back.clear();
+    }
     const grpc::Status st = stream_->Finish();
     {
       std::lock_guard<std::mutex> lock(mu_);

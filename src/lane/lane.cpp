@@ -363,7 +363,11 @@ absl::Status LaneDaemonEnd::Next(Request* request, bool* got) {
     return st;
   };
   const uint64_t cap = g_.request_bytes;
+  // Pad records are skipped here, at most a ring's worth per call: a client that writes nothing
+  // but pads cannot keep the caller from looking at its stop flag.
+  uint64_t skipped = 0;
   for (;;) {
+    if (skipped >= cap) return absl::OkStatus();
     const uint64_t head = Load(w_.request_head);
     if (absl::Status st = CheckAhead(head, request_tail_, cap, "request head"); !st.ok()) {
       return fail(st);
@@ -390,7 +394,10 @@ absl::Status LaneDaemonEnd::Next(Request* request, bool* got) {
     request_tail_ += h.size;
     Store(w_.request_tail, request_tail_);
     counters_->bytes_in += h.size;
-    if (h.type == static_cast<uint16_t>(RecordType::kPad)) continue;
+    if (h.type == static_cast<uint16_t>(RecordType::kPad)) {
+      skipped += h.size;
+      continue;
+    }
     absl::StatusOr<Request> r = DecodeRequest(scratch_);
     if (!r.ok()) return fail(r.status());
     *request = *std::move(r);

@@ -175,7 +175,8 @@ class LaneDaemonEnd {
   // the header is read back.
   static absl::StatusOr<LaneDaemonEnd> Format(uint8_t* base, const LaneGeometry& geometry);
 
-  // The next request: OK with `*got` false when the ring is empty; InvalidArgument (the session
+  // The next request: OK with `*got` false when the ring is empty (or a ring's worth of pad
+  // records was skipped: call again after looking at your stop flag); InvalidArgument (the session
   // must fail) when the client broke the protocol: its head moved back or past the ring, a
   // record is malformed or larger than kMaxRecordBytes. After an error the end stays failed.
   absl::Status Next(Request* request, bool* got);
@@ -190,7 +191,8 @@ class LaneDaemonEnd {
   void WakeClient();
 
   // The lane thread's sleep: marks the daemon sleeping, re-checks for input and `stop`, and
-  // waits on the doorbell up to `timeout`. Returns at once when input is there.
+  // waits on the doorbell up to `timeout`. Returns at once when input is there. The doorbell is
+  // a word the client can write, so a wake can be lost to it: keep `timeout` finite.
   void Sleep(absl::Duration timeout, const std::atomic<bool>& stop);
   // Rings the daemon's own doorbell (to end a Sleep from another daemon thread).
   void Ring();
