@@ -471,6 +471,43 @@ TEST_F(LaneSessionTest, SeveralOutstandingAcquiresAreAnsweredBySeqInAnyOrder) {
   EXPECT_EQ(st.lane().responses(), 6u);  // the release has no answer
 }
 
+TEST_F(LaneSessionTest, OnePrefetchRecordCarriesSeveralLayersAndReleasesComeInBatches) {
+  auto o = Open();
+  const uint64_t issued_before = model_->engine().Stats().pool.prefetch_issued;
+  // Three layers' hints in one record, one of them out of range (ignored, never an error).
+  const std::vector<lane::PrefetchGroup> hints = {{1, {0, 1}}, {2, {2, 3}}, {999, {1}}};
+  std::vector<uint8_t> rec;
+  ASSERT_TRUE(lane::EncodePrefetch(hints, &rec).ok());
+  ASSERT_TRUE(o->end->Write(rec));
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (model_->engine().Stats().pool.prefetch_issued < issued_before + 4 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(model_->engine().Stats().pool.prefetch_issued, issued_before + 4);
+
+  // Two leases given back by one Release record.
+  ASSERT_TRUE(o->end->Write(Acquire(1, 3, {0})));
+  ASSERT_TRUE(o->end->Write(Acquire(2, 3, {1})));
+  auto grants = Answers(*o->end, 2);
+  ASSERT_EQ(grants.size(), 2u);
+  std::vector<uint64_t> leases;
+  for (const lane::Response& g : grants) {
+    ASSERT_EQ(g.type, RecordType::kGrant) << g.message;
+    Done(g);
+    leases.push_back(g.lease);
+  }
+  EXPECT_EQ(o->session->counters().leases_held, 2u);
+  rec.clear();
+  ASSERT_TRUE(lane::EncodeRelease(3, leases, &rec).ok());
+  ASSERT_TRUE(o->end->Write(rec));
+  while (o->session->counters().leases_held > 0 && absl::Now() < deadline + absl::Seconds(5)) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(o->session->counters().leases_held, 0u);
+  EXPECT_EQ(o->failures.load(), 0);
+}
+
 TEST_F(LaneSessionTest, GarbageFailsThatSessionOnlyAndItsLeasesComeBack) {
   auto bad = Open();
   auto good = Open();
