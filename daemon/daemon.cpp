@@ -23,6 +23,7 @@
 #include "served_model.h"
 #include "service.h"
 #include "sessions.h"
+#include "shm_reclaim.h"
 #include "synth/synth.h"
 #include "unix_listener.h"
 #include "util/status.h"
@@ -247,6 +248,11 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
   }
   if (specs.empty()) return fail(RequireModels(config));
 
+  // What killed daemons left in /dev/shm (their arenas are most of the memory they used).
+  if (const ReclaimedShm r = ReclaimStaleSharedMemory("/dev/shm", getpid()); !r.names.empty()) {
+    spdlog::warn("removed {} shared-memory object(s), {} bytes, left by dead expertd process(es) "
+                 "{}", r.names.size(), r.bytes, absl::StrJoin(r.pids, ", "));
+  }
   const DeviceProbe probe = ProbeDevices();
   spdlog::info("{}", probe.log_line);
   absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices = MakeDevices(config, probe);

@@ -45,6 +45,34 @@ absl::Status ForClient(const absl::Status& st) {
 
 }  // namespace
 
+std::string ClientNameForStats(std::string name) {
+  // proto3 strings must be UTF-8, and GetStats carries this one to every caller: one bad name
+  // would break every stats response. Keep valid sequences, replace the rest with '?', cut at
+  // a character boundary.
+  std::string out;
+  for (size_t i = 0; i < name.size();) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    const size_t len = c < 0x80            ? 1
+                       : (c >> 5) == 0x6   ? 2
+                       : (c >> 4) == 0xe   ? 3
+                       : (c >> 3) == 0x1e  ? 4
+                                           : 0;
+    bool ok = len > 0 && i + len <= name.size();
+    for (size_t k = 1; ok && k < len; ++k) {
+      ok = (static_cast<unsigned char>(name[i + k]) & 0xc0) == 0x80;
+    }
+    const size_t take = ok ? len : 1;
+    if (out.size() + take > 64) break;
+    if (ok) {
+      out.append(name, i, len);
+    } else {
+      out += '?';
+    }
+    i += take;
+  }
+  return out;
+}
+
 std::string NewSessionId() {
   uint8_t bytes[16] = {};
   size_t got = 0;
@@ -395,7 +423,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(ServedModel* mode
                                                                const Peer& peer,
                                                                std::string client_name,
                                                                v1::Transport transport) {
-  if (client_name.size() > 64) client_name.resize(64);
+  client_name = ClientNameForStats(std::move(client_name));
   std::shared_ptr<LaneServer> lane;
   if (transport != v1::TRANSPORT_STREAM) {
     if (lanes_ == nullptr || !lanes_->enabled || !peer.unix_socket) {
@@ -486,7 +514,11 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::AttachLocked(
         "unknown session id (never opened, ended, or not attached within the attach timeout)");
   }
   const std::shared_ptr<Session>& s = it->second;
-  if (s->peer_.unix_socket && peer.uid != s->peer_.uid) {
+  if (!peer.unix_socket) {
+    return absl::FailedPreconditionError(
+        "sessions are attached over the Unix socket only (a TCP peer has no identity to check)");
+  }
+  if (peer.uid != s->peer_.uid) {
     return absl::PermissionDeniedError(absl::StrCat(
         "session ", id.substr(0, 8), " was opened by uid ", s->peer_.uid, ", not ", peer.uid));
   }

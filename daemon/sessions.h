@@ -160,7 +160,8 @@ class SessionRegistry {
                                                 std::string client_name,
                                                 v1::Transport transport = v1::TRANSPORT_AUTO);
   // Binds the session's stream. NotFound for an unknown (or expired) id; FailedPrecondition when
-  // the session already has a stream, or PermissionDenied when `peer` is not the opener's uid.
+  // the session already has a stream or `peer` is not on the Unix socket, PermissionDenied when
+  // `peer` is not the opener's uid.
   // A lane session's answers go to its lane from now on; `end_stream` is how the lane ends the
   // stream when the client breaks the lane protocol (the session then ends as usual).
   absl::StatusOr<std::shared_ptr<Session>> Attach(
@@ -214,5 +215,8 @@ class SessionRegistry {
 
 // A 128-bit random token in hex.
 std::string NewSessionId();
+// A client's name as stats show it: valid UTF-8 (invalid bytes become '?'), at most 64 bytes,
+// cut at a character boundary.
+std::string ClientNameForStats(std::string name);
 
 }  // namespace expertd

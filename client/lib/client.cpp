@@ -182,7 +182,11 @@ class SessionImpl final : public Session {
     absl::Duration backoff = absl::Microseconds(200);
     for (;;) {
       absl::StatusOr<v1::Grant> grant = AcquireOnce(layer, experts, deadline);
-      if (grant.ok()) return ToLease(*grant, deadline);
+      if (grant.ok()) {
+        absl::StatusOr<Lease> lease = ToLease(*grant, deadline);
+        if (!lease.ok()) GiveBack(*grant);  // the daemon would hold it until its TTL otherwise
+        return lease;
+      }
       if (grant.status().code() != absl::StatusCode::kUnavailable || closed()) return grant.status();
       if (absl::Now() + backoff >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat(

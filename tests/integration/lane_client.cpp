@@ -12,6 +12,13 @@
 //                                         idle; prints "idle N"
 //   rate ADDR SECONDS [THREADS]           acquire/release cycles on one session from THREADS
 //                                         threads (default 1) for SECONDS; prints "cycles C"
+//   survive ADDR GGUF                     holds one verified lease, prints "holding", then
+//                                         acquires and releases until a call fails (the daemon
+//                                         was killed): prints "failed AT CODE" (AT: realtime
+//                                         seconds); checks the held lease's bytes are still
+//                                         readable and right; then waits up to 60 s for a
+//                                         daemon at ADDR again and verifies a lease of a new
+//                                         session in this same process; prints "recovered"
 // Every check prints what failed and exits 1.
 #include <unistd.h>
 
@@ -250,6 +257,78 @@ int Rate(const std::string& addr, double seconds, int threads) {
   return 0;
 }
 
+// XXH3 of every projection of every slot of `lease`, compared with the model file.
+void VerifyAgainst(const expertd::ModelCatalog& catalog,
+                   std::vector<std::unique_ptr<expertd::ReadFile>>& files,
+                   const expertd::client::Lease& lease) {
+  std::vector<uint8_t> want;
+  for (const auto& s : lease.slots) {
+    for (size_t p = 0; p < s.projections.size(); ++p) {
+      auto loc = catalog.Locate(lease.layer, s.expert, p);
+      if (!loc.ok()) Die(loc.status().ToString());
+      want.resize(loc->bytes);
+      if (auto st = files[loc->pack]->ReadAt(loc->offset, want); !st.ok()) Die(st.ToString());
+      if (expertd::Xxh3(s.projections[p].first(loc->bytes)) != expertd::Xxh3(want)) {
+        Die(absl::StrCat("layer ", lease.layer, " expert ", s.expert, ": bytes differ"));
+      }
+    }
+  }
+}
+
+int Survive(const std::string& addr, const std::string& gguf) {
+  auto model = expertd::GgufModel::Open(gguf);
+  if (!model.ok()) Die(model.status().ToString());
+  auto catalog = expertd::ModelCatalog::Build(*model, nullptr);
+  if (!catalog.ok()) Die(catalog.status().ToString());
+  std::vector<std::unique_ptr<expertd::ReadFile>> files;
+  for (const auto& p : catalog->packs()) {
+    auto f = expertd::ReadFile::Open(p.path);
+    if (!f.ok()) Die(f.status().ToString());
+    files.push_back(std::make_unique<expertd::ReadFile>(*std::move(f)));
+  }
+  auto client = Connect(addr);
+  auto session = Open(*client, SessionOptions::Transport::kAuto, "survive");
+  const uint32_t held_experts[] = {0, 1};
+  auto held = session->Acquire(0, held_experts);
+  if (!held.ok()) Die(held.status().ToString());
+  VerifyAgainst(*catalog, files, *held);
+  std::printf("holding\n");
+  std::fflush(stdout);
+  absl::Status failure;
+  for (uint32_t i = 0; failure.ok(); ++i) {
+    const uint32_t experts[] = {2 + i % 6};
+    auto lease = session->Acquire(1 + i % 4, experts, absl::Seconds(5));
+    if (!lease.ok()) {
+      failure = lease.status();
+      break;
+    }
+    failure = session->Release(*lease);
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  std::printf("failed %.3f %d %s\n", absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()),
+              static_cast<int>(failure.code()), std::string(failure.message()).c_str());
+  std::fflush(stdout);
+  if (failure.code() != absl::StatusCode::kUnavailable) Die("the failure is not UNAVAILABLE");
+  VerifyAgainst(*catalog, files, *held);  // the mapping outlives the daemon: no SIGBUS
+  // A new daemon at the same address; a new session in this process.
+  std::unique_ptr<Client> again;
+  for (int tries = 0; tries < 600 && !again; ++tries) {
+    expertd::client::ConnectOptions o;
+    o.address = addr;
+    o.connect_timeout = absl::Milliseconds(100);
+    auto c = Client::Connect(o);
+    if (c.ok() && (*c)->Health("demo").value_or(false)) again = *std::move(c);
+  }
+  if (!again) Die("no daemon came back within 60 s");
+  auto fresh = Open(*again, SessionOptions::Transport::kAuto, "survive-again");
+  auto lease = fresh->Acquire(0, held_experts);
+  if (!lease.ok()) Die(lease.status().ToString());
+  VerifyAgainst(*catalog, files, *lease);
+  if (auto st = fresh->Release(*lease); !st.ok()) Die(st.ToString());
+  std::printf("recovered\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -258,6 +337,7 @@ int main(int argc, char** argv) {
     return Grants(argv[2], argv[3], argv[4], std::atoi(argv[5]), std::atoi(argv[6]));
   }
   if (mode == "garbage" && argc == 3) return Garbage(argv[2]);
+  if (mode == "survive" && argc == 4) return Survive(argv[2], argv[3]);
   if (mode == "stuff" && argc == 4) return Stuff(argv[2], std::atoi(argv[3]));
   if (mode == "idle" && argc == 5) return Idle(argv[2], std::atoi(argv[3]), std::atof(argv[4]));
   if (mode == "rate" && (argc == 4 || argc == 5)) {

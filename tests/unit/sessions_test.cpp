@@ -318,5 +318,27 @@ TEST(LatencyHistogramTest, QuantilesWithinBucketError) {
   EXPECT_EQ(cum[2], 10000u);
 }
 
+TEST(ClientNames, StayValidUtf8AndAreCutAtACharacterBoundary) {
+  // 63 ASCII bytes then a 2-byte character: cutting at byte 64 would split it.
+  EXPECT_EQ(ClientNameForStats(std::string(63, 'a') + "\xc3\xa9"), std::string(63, 'a'));
+  std::string umlauts;
+  for (int i = 0; i < 40; ++i) umlauts += "\xc3\xbc";  // 80 bytes of "ü"
+  EXPECT_EQ(ClientNameForStats(umlauts), umlauts.substr(0, 64));
+  // Bytes that are not UTF-8: a lone continuation byte, a truncated sequence, 0xff.
+  EXPECT_EQ(ClientNameForStats("x\x80y\xe6\x97z\xff"), "x?y??z?");
+  EXPECT_EQ(ClientNameForStats("engine \xe6\x97\xa5"), "engine \xe6\x97\xa5");
+}
+
+TEST_F(SessionsTest, ATcpPeerCannotAttachEvenToARootSession) {
+  SessionRegistry& reg = Registry();
+  const Peer root{true, 0, 0, 0};
+  auto s = reg.Open(model_.get(), root, "t");
+  ASSERT_TRUE(s.ok());
+  const Peer tcp{false, 0, 0, 0};  // what a TCP connection looks like: no credentials
+  auto a = reg.Attach((*s)->id(), tcp, std::make_shared<RecordingOutbox>());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition) << a.status();
+  EXPECT_TRUE(reg.Attach((*s)->id(), root, std::make_shared<RecordingOutbox>()).ok());
+}
+
 }  // namespace
 }  // namespace expertd

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The daemon killed with SIGKILL while a client holds a lease and keeps acquiring
+# (tests/integration/lane_client.cpp, mode survive):
+#  1. the client's next call fails with UNAVAILABLE within 1 s of the kill, and the lease it
+#     still holds stays readable with the right bytes (no SIGBUS);
+#  2. the killed daemon's shared-memory names are left in /dev/shm (the leak this guards
+#     against), and the next daemon's start removes them, and any other name of a process that
+#     no longer exists, but keeps names of live processes; it logs what it removed;
+#  3. the same client process opens a session on the new daemon and verifies a lease.
+#   daemon_crash.sh EXPERTD LANE_CLIENT
+set -euo pipefail
+expertd=$1 lane_client=$2
+work=$(mktemp -d)
+daemon= client=
+live_name=/dev/shm/expertd-$$-test-live
+cleanup() {
+  [ -n "$client" ] && kill -9 "$client" 2> /dev/null || true
+  [ -n "$daemon" ] && kill -9 "$daemon" 2> /dev/null || true
+  rm -f "$live_name"
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; echo "--- daemon log"; tail -20 "$work/daemon.log" 2> /dev/null; exit 1; }
+
+export XDG_CACHE_HOME=$work/cache
+sock=$work/run/expertd.sock
+addr=unix://$sock
+starts=0
+start_daemon() {  # each start logs to its own file; daemon.log is the latest
+  starts=$((starts + 1))
+  "$expertd" --demo --socket "$sock" > "$work/daemon.$starts.log" 2>&1 &
+  daemon=$!
+  ln -sf "daemon.$starts.log" "$work/daemon.log"
+  for _ in $(seq 1 240); do
+    grep -q "serving demo" "$work/daemon.$starts.log" && return 0
+    kill -0 "$daemon" 2> /dev/null || fail "the daemon exited during start-up"
+    sleep 0.25
+  done
+  fail "the daemon did not serve within 60 s"
+}
+
+start_daemon
+first=$daemon
+gguf=$XDG_CACHE_HOME/expertd/demo/model.gguf
+"$lane_client" survive "$addr" "$gguf" > "$work/client.txt" 2>&1 &
+client=$!
+for _ in $(seq 1 200); do grep -q holding "$work/client.txt" && break; sleep 0.05; done
+grep -q holding "$work/client.txt" || { cat "$work/client.txt"; fail "the client did not start"; }
+sleep 0.5
+
+echo "== 1. kill -9 of the daemon while the client acquires"
+killed_at=$(date +%s.%N)
+kill -9 "$first"
+wait "$first" 2> /dev/null || true
+daemon=
+for _ in $(seq 1 100); do grep -q "^failed" "$work/client.txt" && break; sleep 0.05; done
+line=$(grep "^failed" "$work/client.txt") || { cat "$work/client.txt"; fail "no call failed"; }
+echo "client: $line"
+failed_at=$(echo "$line" | awk '{print $2}')
+delay=$(awk -v a="$killed_at" -v b="$failed_at" 'BEGIN {printf "%.3f", b - a}')
+echo "the first call failed $delay s after the kill"
+awk -v d="$delay" 'BEGIN {exit !(d <= 1.0)}' || fail "failed $delay s after the kill (limit 1 s)"
+echo "$line" | grep -q "^failed [0-9.]* 14 " || fail "not UNAVAILABLE (14): $line"
+kill -0 "$client" 2> /dev/null || { cat "$work/client.txt"; fail "the client died (the held lease was not readable?)"; }
+
+echo "== 2. what the killed daemon left, and the next start"
+left=$(ls /dev/shm | grep -cE "^expertd-(lane-)?$first-" || true)
+echo "names of the killed daemon (pid $first) in /dev/shm: $left"
+[ "$left" -gt 0 ] || fail "the killed daemon left no names: this test checks nothing"
+# A name of another process that no longer exists, and one of a live process (this shell).
+sh -c 'exit 0' &
+gone=$!
+wait $gone
+: > "/dev/shm/expertd-lane-$gone-7"
+: > "$live_name"
+start_daemon
+after=$(ls /dev/shm | grep -cE "^expertd-(lane-)?$first-" || true)
+[ "$after" -eq 0 ] || fail "$after names of the killed daemon are still there"
+[ ! -e "/dev/shm/expertd-lane-$gone-7" ] || fail "the name of exited pid $gone is still there"
+[ -e "$live_name" ] || fail "the name of a live process was removed"
+grep -q "removed $((left + 1)) shared-memory object(s)" "$work/daemon.log" ||
+  fail "the daemon did not log the $((left + 1)) names it removed"
+grep "removed .* shared-memory" "$work/daemon.log"
+
+echo "== 3. the same client process on the new daemon"
+for _ in $(seq 1 400); do grep -q recovered "$work/client.txt" && break; sleep 0.05; done
+wait "$client" || { cat "$work/client.txt"; fail "client exit $?"; }
+client=
+grep -q recovered "$work/client.txt" || fail "the client did not recover"
+kill -TERM "$daemon"
+wait "$daemon" || fail "daemon exit $? after SIGTERM"
+daemon=
+echo "PASS"
