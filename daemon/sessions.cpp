@@ -662,18 +662,21 @@ void SessionRegistry::ReapOnce(absl::Time now) {
           ++lit;
         }
       }
-      if (!s.leases_.empty() || s.pending_ > 0) {  // acquires in flight come back by themselves
+      if (!s.leases_.empty()) {
         ++it;
         continue;
       }
-      if (!s.fences_.empty() && !s.client_gone_) {
-        if (ProcessExited(s.pidfd_)) {
-          s.client_gone_ = true;
-          gone.push_back(it->session);
-        } else {
-          watched_.push_back(*it);
-        }
+      // A dead client's done records are not waited for, even while an acquire of its is still
+      // in flight: that acquire's copy may be the one waiting for them.
+      if (!s.fences_.empty() && !s.client_gone_ && ProcessExited(s.pidfd_)) {
+        s.client_gone_ = true;
+        gone.push_back(it->session);
       }
+      if (s.pending_ > 0) {  // kept (and counted) until its acquires in flight come back
+        ++it;
+        continue;
+      }
+      if (!s.fences_.empty() && !s.client_gone_) watched_.push_back(*it);
       it = ended_.erase(it);
     }
     for (auto it = watched_.begin(); it != watched_.end();) {

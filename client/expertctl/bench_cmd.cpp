@@ -1,12 +1,14 @@
 // expertctl bench --trace T.jsonl [--addr A] [--sessions N] [--model M] [--gguf F] [--limit N]
-//                 [--transport auto|lane|stream] [--json] [--quiet] [--token-file F] [--timeout S]
+//                 [--transport auto|lane|stream] [--no-read] [--json] [--quiet] [--token-file F]
+//                 [--timeout S]
 // Replays a route trace through the running daemon from N concurrent sessions (one thread and
 // one Session each, on one channel). Every session replays the whole trace in access order
 // (MakeAccessTrace), session i starting i/N of the way through it (at a token boundary) and
 // wrapping around: N engines serving different requests of one model at once, sharing the
 // daemon's cache without marching in lockstep. Each (token, layer) group is one Acquire; every
 // granted slot is read in full (XXH3 over each projection) and, with --gguf, compared with the
-// hash of the same expert's bytes in the model file; then the lease is released. Latencies are
+// hash of the same expert's bytes in the model file (--no-read: not read at all, for the
+// protocol's own latency); then the lease is released. Latencies are
 // of successful calls only: acquire (request to usable lease) and acquire + release (the
 // Acquire→Grant→Release cycle without the reading in between).
 #include <algorithm>
@@ -46,6 +48,7 @@ struct BenchArgs {
   std::string gguf;
   uint64_t limit = 0;  // groups per session; 0 = the whole trace
   std::string transport = "auto";
+  bool no_read = false;  // protocol latency only: slots are granted and released, not read
   bool json = false;
   bool quiet = false;
 };
@@ -97,7 +100,7 @@ double Percentile(std::vector<double>& v, double q) {
 }
 
 void ReplaySession(client::Session& session, uint32_t id, const std::vector<RouteRecord>& groups,
-                   size_t start, size_t count, const ExpectedHashes* oracle,
+                   size_t start, size_t count, const ExpectedHashes* oracle, bool read,
                    std::atomic<uint64_t>* done, ErrorLog* log, SessionResult* out) {
   out->acquire_us.reserve(count);
   uint64_t sink = 0;  // slot hashes without an oracle: the bytes are read all the same
@@ -132,6 +135,7 @@ void ReplaySession(client::Session& session, uint32_t id, const std::vector<Rout
     for (const client::SlotView& s : lease->slots) {
       ++out->granted;
       out->hits += s.hit ? 1 : 0;
+      if (!read) continue;
       const std::vector<uint64_t>* want =
           oracle == nullptr ? nullptr : oracle->Find(lease->layer, s.expert);
       const size_t n_proj = cuda ? s.device_projections.size() : s.projections.size();
@@ -277,7 +281,12 @@ int RunBench(const BenchArgs& a) {
     return fail(st);
   }
   std::unique_ptr<ExpectedHashes> oracle;
-  if (a.gguf.empty()) {
+  if (a.no_read && !a.gguf.empty()) {
+    return fail(absl::InvalidArgumentError("--no-read and --gguf: nothing read can be verified"));
+  }
+  if (a.no_read) {
+    std::fprintf(stderr, "expertctl bench: --no-read: slots are granted and released, not read\n");
+  } else if (a.gguf.empty()) {
     std::fprintf(stderr,
                  "expertctl bench: warning: no --gguf: slot contents are read but not verified\n");
   } else {
@@ -298,7 +307,7 @@ int RunBench(const BenchArgs& a) {
   for (uint32_t i = 0; i < a.sessions; ++i) {
     threads.emplace_back([&, i] {
       ReplaySession(*sessions[i], i, groups, StartOffset(groups, i, a.sessions), per_session,
-                    oracle.get(), &done, &log, &results[i]);
+                    oracle.get(), !a.no_read, &done, &log, &results[i]);
       finished.fetch_add(1);
     });
   }
@@ -399,6 +408,8 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
                   "when the daemon offers one)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "lane", "stream"}));
+  cmd->add_flag("--no-read", a->no_read,
+                "Do not read granted slots (the protocol's latency alone; not with --gguf)");
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->add_flag("--quiet", a->quiet, "No progress output");
   cmd->callback([a, exit_code] { *exit_code = RunBench(*a); });
