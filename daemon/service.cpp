@@ -1,5 +1,6 @@
 #include "service.h"
 
+#include <algorithm>
 #include <deque>
 #include <utility>
 
@@ -7,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "lane_server.h"
+#include "spdlog/spdlog.h"
 #include "util/status.h"
 
 namespace expertd {
@@ -34,6 +36,18 @@ std::optional<Peer> PeerTable::Lookup(const std::string& grpc_peer) const {
   return std::nullopt;
 }
 
+namespace {
+// Compares a presented token with the secret in time that depends only on their lengths, so
+// timing does not tell how many leading bytes were right.
+bool SameSecret(std::string_view got, std::string_view want) {
+  unsigned char diff = got.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    diff |= static_cast<unsigned char>(got[i] ^ want[i % std::max<size_t>(want.size(), 1)]);
+  }
+  return diff == 0 && !want.empty();
+}
+}  // namespace
+
 absl::StatusOr<Peer> ExpertdService::Authenticate(grpc::CallbackServerContext* context) const {
   std::optional<Peer> peer = state_->peers->Lookup(context->peer());
   if (!peer.has_value()) {
@@ -44,7 +58,8 @@ absl::StatusOr<Peer> ExpertdService::Authenticate(grpc::CallbackServerContext* c
     const auto& md = context->client_metadata();
     auto it = md.find("authorization");
     const std::string want = "Bearer " + state_->tcp_token;
-    if (it == md.end() || std::string(it->second.data(), it->second.size()) != want) {
+    if (it == md.end() || !SameSecret(std::string_view(it->second.data(), it->second.size()),
+                                      want)) {
       return absl::UnauthenticatedError(
           "TCP calls need the header 'authorization: Bearer <token>' with the daemon's token");
     }
@@ -206,11 +221,24 @@ using SessionReactorBase = grpc::ServerBidiReactor<v1::SessionRequest, v1::Sessi
 // are dropped, so nothing touches the reactor after it finished.
 class StreamOutbox final : public Outbox {
  public:
-  explicit StreamOutbox(SessionReactorBase* reactor) : reactor_(reactor) {}
+  // Answers a stream may have queued: a client that does not read its stream (gRPC's flow
+  // control then holds every write) has it cancelled instead of growing the queue without bound.
+  static constexpr size_t kMaxQueued = 4096;
+
+  StreamOutbox(SessionReactorBase* reactor, grpc::CallbackServerContext* context)
+      : reactor_(reactor), context_(context) {}
 
   bool Push(v1::SessionResponse message) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return false;
+    if (queue_.size() >= kMaxQueued) {
+      spdlog::warn("a Session stream's client does not read it: {} answers queued; cancelling the "
+                   "stream (its session ends)", queue_.size());
+      closed_ = true;
+      queue_.erase(queue_.begin() + 1, queue_.end());  // front() is being written
+      context_->TryCancel();
+      return false;
+    }
     queue_.push_back(std::move(message));
     if (!writing_) {
       writing_ = true;
@@ -277,6 +305,7 @@ class StreamOutbox final : public Outbox {
  private:
   std::mutex mu_;
   SessionReactorBase* const reactor_;
+  grpc::CallbackServerContext* const context_;
   std::deque<v1::SessionResponse> queue_;  // front() is being written while writing_
   bool writing_ = false;
   bool closing_ = false;
@@ -287,8 +316,10 @@ class StreamOutbox final : public Outbox {
 
 class SessionReactor final : public SessionReactorBase {
  public:
-  SessionReactor(ServiceState* state, absl::StatusOr<Peer> peer)
-      : state_(state), peer_(std::move(peer)), outbox_(std::make_shared<StreamOutbox>(this)) {
+  SessionReactor(ServiceState* state, grpc::CallbackServerContext* context,
+                 absl::StatusOr<Peer> peer)
+      : state_(state), peer_(std::move(peer)),
+        outbox_(std::make_shared<StreamOutbox>(this, context)) {
     if (!peer_.ok()) {
       outbox_->SetStatus(ToGrpc(peer_.status()));
       Close();
@@ -386,7 +417,7 @@ class SessionReactor final : public SessionReactorBase {
 
 grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* ExpertdService::Session(
     grpc::CallbackServerContext* context) {
-  return new SessionReactor(state_, Authenticate(context));
+  return new SessionReactor(state_, context, Authenticate(context));
 }
 
 }  // namespace expertd

@@ -10,7 +10,9 @@
 #  5. a session flooding its lane from 4 threads does not starve a quiet one: the quiet one keeps
 #     making progress (at least 1/50 of its rate alone and 500 cycles in 3 s; on 2 cores it
 #     was seen keeping 3-25 %: once its answer takes longer than its spin, each cycle pays
-#     two futex wake-ups on a saturated CPU, while the flood's threads never sleep).
+#     two futex wake-ups on a saturated CPU, while the flood's threads never sleep);
+#  6. a stream session whose client never reads is cancelled once 4,096 answers queue up, the
+#     daemon logs it and the session ends (bounded memory for the stream as for the lane).
 #   daemon_lane.sh EXPERTD SESSION_CLIENT LANE_CLIENT
 set -euo pipefail
 expertd=$1 session_client=$2 lane_client=$3
@@ -129,5 +131,13 @@ echo "quiet session: $alone cycles in 3 s alone, $beside beside the flood ($floo
 [ "$flood" -gt 0 ] || fail "the flooding session made no progress"
 [ $((beside * 50)) -ge "$alone" ] && [ "$beside" -ge 500 ] ||
   fail "the quiet session starved: $beside vs $alone alone"
+echo "== 6. a stream session whose client never reads"
+"$lane_client" deaf "$addr" 60000 || fail "the deaf stream session was not bounded"
+grep -q "does not read it" "$work/daemon.log" || fail "the daemon did not log the deaf client"
+for _ in $(seq 1 100); do
+  "$session_client" leases "$addr" | grep -q "sessions 0 " && break
+  sleep 0.05
+done
+"$session_client" leases "$addr" | grep -q "sessions 0 " || fail "the deaf session is still open"
 stop_daemon
 echo "PASS"

@@ -12,6 +12,10 @@
 //                                         idle; prints "idle N"
 //   rate ADDR SECONDS [THREADS]           acquire/release cycles on one session from THREADS
 //                                         threads (default 1) for SECONDS; prints "cycles C"
+//   deaf ADDR N                           a raw stream session (TRANSPORT_STREAM) that sends N
+//                                         acquires of a layer that does not exist without
+//                                         reading an answer; then reads: exit 0 when the daemon
+//                                         cancelled the stream with fewer than N answers sent
 //   survive ADDR GGUF                     holds one verified lease, prints "holding", then
 //                                         acquires and releases until a call fails (the daemon
 //                                         was killed): prints "failed AT CODE" (AT: realtime
@@ -275,6 +279,43 @@ void VerifyAgainst(const expertd::ModelCatalog& catalog,
   }
 }
 
+int Deaf(const std::string& addr, int n) {
+  auto stub = expertd::v1::Expertd::NewStub(grpc::CreateChannel(
+      expertd::client::ChannelTarget(addr), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext open_ctx;
+  expertd::v1::OpenSessionRequest req;
+  req.set_model("demo");
+  req.set_client_name("deaf");
+  req.set_transport(expertd::v1::TRANSPORT_STREAM);
+  expertd::v1::OpenSessionResponse resp;
+  if (grpc::Status st = stub->OpenSession(&open_ctx, req, &resp); !st.ok()) {
+    Die(absl::StrCat("OpenSession: ", st.error_message()));
+  }
+  if (resp.has_lane()) Die("a lane although the stream was asked for");
+  grpc::ClientContext ctx;
+  auto stream = stub->Session(&ctx);
+  expertd::v1::SessionRequest r;
+  r.mutable_attach()->set_session_id(resp.session_id());
+  if (!stream->Write(r)) Die("attach");
+  int sent = 0;
+  for (; sent < n; ++sent) {
+    expertd::v1::SessionRequest a;
+    a.mutable_acquire()->set_seq(sent + 1);
+    a.mutable_acquire()->set_layer(100000);
+    a.mutable_acquire()->add_experts(0);
+    if (!stream->Write(a)) break;  // the daemon gave up on us
+  }
+  stream->WritesDone();
+  expertd::v1::SessionResponse reply;
+  int answers = 0;
+  while (stream->Read(&reply)) answers += reply.has_error() ? 1 : 0;
+  const grpc::Status st = stream->Finish();
+  std::printf("sent %d, answers %d, stream ended with %d: %s\n", sent, answers,
+              static_cast<int>(st.error_code()), st.error_message().c_str());
+  if (st.ok() || answers >= n) Die("the daemon answered everything: nothing was bounded");
+  return 0;
+}
+
 int Survive(const std::string& addr, const std::string& gguf) {
   auto model = expertd::GgufModel::Open(gguf);
   if (!model.ok()) Die(model.status().ToString());
@@ -338,6 +379,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "garbage" && argc == 3) return Garbage(argv[2]);
   if (mode == "survive" && argc == 4) return Survive(argv[2], argv[3]);
+  if (mode == "deaf" && argc == 4) return Deaf(argv[2], std::atoi(argv[3]));
   if (mode == "stuff" && argc == 4) return Stuff(argv[2], std::atoi(argv[3]));
   if (mode == "idle" && argc == 5) return Idle(argv[2], std::atoi(argv[3]), std::atof(argv[4]));
   if (mode == "rate" && (argc == 4 || argc == 5)) {
