@@ -5,7 +5,8 @@
 #             warm-up pass, then ROUNDS rounds of stream and lane alternately: acquire and
 #             acquire+release (the Acquire→Grant→Release cycle) p50 / p99, and lane/stream ratios
 #   4 procs   four expertctl processes at once, on the lane and then on the stream: each one's
-#             p50 against one session's
+#             p50 against one session's; then the same on the lane with --no-read (the protocol
+#             alone, the slots not read)
 #   quarter   the default demo pool (a quarter of the bundles fit): throughput and hit rate over
 #             the lane and over the stream, alternately
 # Every granted slot is verified against the model file; a benchmark, not a test: it reports,
@@ -81,6 +82,18 @@ for transport in lane stream; do
   done
   for p in "${procs[@]}"; do wait "$p"; done
 done
+echo "== the protocol alone (--no-read): one session, then 4 processes, on the lane"
+nobench() {  # nobench OUT: like bench, without reading (and so without verifying) the slots
+  $ctl bench --addr "$addr" --trace "$trace" --limit "$limit" --transport lane --no-read --json \
+    --quiet > "$1" 2> /dev/null
+}
+nobench "$work/noread-one.json"
+procs=()
+for p in 1 2 3 4; do
+  nobench "$work/noread-$p.json" &
+  procs+=($!)
+done
+for p in "${procs[@]}"; do wait "$p"; done
 stop
 
 echo "== quarter pool: $rounds round(s) of stream and lane"
@@ -106,6 +119,10 @@ assert all(r["transport"] == "stream" for r in fs) and all(r["transport"] == "la
 procs = load("proc-lane-*.json")
 procs_stream = load("proc-stream-*.json")
 qs, ql = load("q-stream-*.json"), load("q-lane-*.json")
+noread_one = json.load(open(f"{work}/noread-one.json"))
+noread = [json.load(open(p)) for p in sorted(glob.glob(f"{work}/noread-[0-9].json"))]
+for r in [noread_one] + noread:
+    assert r["errors"] == 0 and r["transport"] == "lane", r
 print(f"all-fit (hit rate lane {med(fl, 'hit_rate'):.3f}, stream {med(fs, 'hit_rate'):.3f}), "
       f"medians of {rounds} round(s):")
 print(f"  {'':8} {'acquire p50':>12} {'p99':>8} {'acq+rel p50':>12} {'p99':>8}   (us)")
@@ -122,6 +139,10 @@ p50s = [r["cycle_p50_us"] for r in procs_stream]
 print(f"4 processes on the stream: acquire+release p50 per process "
       f"{', '.join(f'{p:.1f}' for p in p50s)} us; worst / one session "
       f"{max(p50s) / med(fs, 'cycle_p50_us'):.2f}")
+p50s = [r["cycle_p50_us"] for r in noread]
+print(f"the protocol alone (--no-read) on the lane: one session {noread_one['cycle_p50_us']:.1f} us; "
+      f"4 processes {', '.join(f'{p:.1f}' for p in p50s)} us; worst / one session "
+      f"{max(p50s) / noread_one['cycle_p50_us']:.2f}")
 print(f"quarter pool (hit rate lane {med(ql, 'hit_rate'):.3f}, stream {med(qs, 'hit_rate'):.3f}): "
       f"throughput lane {med(ql, 'throughput_bytes_per_s') / 2**20:.0f} MiB/s, stream "
       f"{med(qs, 'throughput_bytes_per_s') / 2**20:.0f} MiB/s, lane/stream "
