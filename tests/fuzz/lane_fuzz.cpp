@@ -82,7 +82,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   Input in(data, size);
   bool refused = false;
-  uint64_t consumed = 0;
   for (int ops = 0; !in.empty() && ops < 256; ++ops) {
     switch (in.Byte() % 6) {
       case 0: {
@@ -115,7 +114,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           Check(tail > before && tail - before >= again.size());
           const uint64_t at = (tail - again.size()) % g.request_bytes;
           Check(std::memcmp(ring + at, again.data(), again.size()) == 0);
-          consumed += again.size();
         }
         break;
       case 3: {
@@ -153,6 +151,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
   }
-  (void)consumed;
   return 0;
 }

@@ -76,18 +76,46 @@ std::unique_ptr<Session> Open(Client& c, SessionOptions::Transport transport,
   return *std::move(s);
 }
 
+// The served model's file, read with plain pread: the oracle every granted slot is checked with.
+class ModelFile {
+ public:
+  explicit ModelFile(const std::string& gguf) {
+    auto model = expertd::GgufModel::Open(gguf);
+    if (!model.ok()) Die(model.status().ToString());
+    auto catalog = expertd::ModelCatalog::Build(*model, nullptr);
+    if (!catalog.ok()) Die(catalog.status().ToString());
+    catalog_ = std::make_unique<expertd::ModelCatalog>(*std::move(catalog));
+    for (const auto& p : catalog_->packs()) {
+      auto f = expertd::ReadFile::Open(p.path);
+      if (!f.ok()) Die(f.status().ToString());
+      files_.push_back(std::make_unique<expertd::ReadFile>(*std::move(f)));
+    }
+  }
+  // Every projection of every slot of `lease` against the file; dies on a difference.
+  void Verify(const expertd::client::Lease& lease) {
+    for (const auto& s : lease.slots) {
+      for (size_t p = 0; p < s.projections.size(); ++p) {
+        auto loc = catalog_->Locate(lease.layer, s.expert, p);
+        if (!loc.ok()) Die(loc.status().ToString());
+        want_.resize(loc->bytes);
+        if (auto st = files_[loc->pack]->ReadAt(loc->offset, want_); !st.ok()) Die(st.ToString());
+        if (expertd::Xxh3(s.projections[p].first(loc->bytes)) != expertd::Xxh3(want_)) {
+          Die(absl::StrCat("layer ", lease.layer, " expert ", s.expert, " projection ", p,
+                           ": bytes differ from the model file"));
+        }
+      }
+    }
+  }
+
+ private:
+  std::unique_ptr<expertd::ModelCatalog> catalog_;
+  std::vector<std::unique_ptr<expertd::ReadFile>> files_;
+  std::vector<uint8_t> want_;
+};
+
 int Grants(const std::string& addr, const std::string& gguf, const std::string& transport,
            int n, uint32_t seed) {
-  auto model = expertd::GgufModel::Open(gguf);
-  if (!model.ok()) Die(model.status().ToString());
-  auto catalog = expertd::ModelCatalog::Build(*model, nullptr);
-  if (!catalog.ok()) Die(catalog.status().ToString());
-  std::vector<std::unique_ptr<expertd::ReadFile>> files;
-  for (const auto& p : catalog->packs()) {
-    auto f = expertd::ReadFile::Open(p.path);
-    if (!f.ok()) Die(f.status().ToString());
-    files.push_back(std::make_unique<expertd::ReadFile>(*std::move(f)));
-  }
+  ModelFile file(gguf);
   auto client = Connect(addr);
   auto session = Open(*client,
                       transport == "lane" ? SessionOptions::Transport::kLane
@@ -96,7 +124,6 @@ int Grants(const std::string& addr, const std::string& gguf, const std::string& 
   if (session->transport() != transport) Die("transport " + std::string(session->transport()));
   std::mt19937 rng(seed);
   const auto& info = session->model();
-  std::vector<uint8_t> want;
   for (int i = 0; i < n; ++i) {
     const uint32_t layer = info.moe_layers(static_cast<int>(rng() % info.moe_layers_size()));
     std::vector<uint32_t> experts = {static_cast<uint32_t>(rng() % info.n_expert())};
@@ -106,18 +133,9 @@ int Grants(const std::string& addr, const std::string& gguf, const std::string& 
     } while (experts[1] == experts[0]);
     auto lease = session->Acquire(layer, experts);
     if (!lease.ok()) Die(absl::StrCat("acquire: ", lease.status().ToString()));
+    file.Verify(*lease);
     std::string line = absl::StrCat(layer);
     for (const auto& s : lease->slots) {
-      for (size_t p = 0; p < s.projections.size(); ++p) {
-        auto loc = catalog->Locate(layer, s.expert, p);
-        if (!loc.ok()) Die(loc.status().ToString());
-        want.resize(loc->bytes);
-        if (auto st = files[loc->pack]->ReadAt(loc->offset, want); !st.ok()) Die(st.ToString());
-        if (expertd::Xxh3(s.projections[p].first(loc->bytes)) != expertd::Xxh3(want)) {
-          Die(absl::StrCat("layer ", layer, " expert ", s.expert, " projection ", p,
-                           ": bytes differ from the model file"));
-        }
-      }
       absl::StrAppend(&line, " ", s.expert, "/", s.slot_class, "/", s.slot, "/", s.generation, "/",
                       s.hit ? 1 : 0);
     }
@@ -261,24 +279,6 @@ int Rate(const std::string& addr, double seconds, int threads) {
   return 0;
 }
 
-// XXH3 of every projection of every slot of `lease`, compared with the model file.
-void VerifyAgainst(const expertd::ModelCatalog& catalog,
-                   std::vector<std::unique_ptr<expertd::ReadFile>>& files,
-                   const expertd::client::Lease& lease) {
-  std::vector<uint8_t> want;
-  for (const auto& s : lease.slots) {
-    for (size_t p = 0; p < s.projections.size(); ++p) {
-      auto loc = catalog.Locate(lease.layer, s.expert, p);
-      if (!loc.ok()) Die(loc.status().ToString());
-      want.resize(loc->bytes);
-      if (auto st = files[loc->pack]->ReadAt(loc->offset, want); !st.ok()) Die(st.ToString());
-      if (expertd::Xxh3(s.projections[p].first(loc->bytes)) != expertd::Xxh3(want)) {
-        Die(absl::StrCat("layer ", lease.layer, " expert ", s.expert, ": bytes differ"));
-      }
-    }
-  }
-}
-
 int Deaf(const std::string& addr, int n) {
   auto stub = expertd::v1::Expertd::NewStub(grpc::CreateChannel(
       expertd::client::ChannelTarget(addr), grpc::InsecureChannelCredentials()));
@@ -317,22 +317,13 @@ int Deaf(const std::string& addr, int n) {
 }
 
 int Survive(const std::string& addr, const std::string& gguf) {
-  auto model = expertd::GgufModel::Open(gguf);
-  if (!model.ok()) Die(model.status().ToString());
-  auto catalog = expertd::ModelCatalog::Build(*model, nullptr);
-  if (!catalog.ok()) Die(catalog.status().ToString());
-  std::vector<std::unique_ptr<expertd::ReadFile>> files;
-  for (const auto& p : catalog->packs()) {
-    auto f = expertd::ReadFile::Open(p.path);
-    if (!f.ok()) Die(f.status().ToString());
-    files.push_back(std::make_unique<expertd::ReadFile>(*std::move(f)));
-  }
+  ModelFile file(gguf);
   auto client = Connect(addr);
   auto session = Open(*client, SessionOptions::Transport::kAuto, "survive");
   const uint32_t held_experts[] = {0, 1};
   auto held = session->Acquire(0, held_experts);
   if (!held.ok()) Die(held.status().ToString());
-  VerifyAgainst(*catalog, files, *held);
+  file.Verify(*held);
   std::printf("holding\n");
   std::fflush(stdout);
   absl::Status failure;
@@ -350,7 +341,7 @@ int Survive(const std::string& addr, const std::string& gguf) {
               static_cast<int>(failure.code()), std::string(failure.message()).c_str());
   std::fflush(stdout);
   if (failure.code() != absl::StatusCode::kUnavailable) Die("the failure is not UNAVAILABLE");
-  VerifyAgainst(*catalog, files, *held);  // the mapping outlives the daemon: no SIGBUS
+  file.Verify(*held);  // the mapping outlives the daemon: no SIGBUS
   // A new daemon at the same address; a new session in this process.
   std::unique_ptr<Client> again;
   for (int tries = 0; tries < 600 && !again; ++tries) {
@@ -364,7 +355,7 @@ int Survive(const std::string& addr, const std::string& gguf) {
   auto fresh = Open(*again, SessionOptions::Transport::kAuto, "survive-again");
   auto lease = fresh->Acquire(0, held_experts);
   if (!lease.ok()) Die(lease.status().ToString());
-  VerifyAgainst(*catalog, files, *lease);
+  file.Verify(*lease);
   if (auto st = fresh->Release(*lease); !st.ok()) Die(st.ToString());
   std::printf("recovered\n");
   return 0;
