@@ -627,7 +627,9 @@ void SessionRegistry::ReapOnce(absl::Time now) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = sessions_.begin(); it != sessions_.end();) {
-      Session& s = *it->second;
+      // Held past the erase below, so that the session outlives the lock taken on it.
+      const std::shared_ptr<Session> keep = it->second;
+      Session& s = *keep;
       std::lock_guard<std::mutex> slock(s.mu_);
       if (!s.attached_ && now - s.opened_at_ > limits_.attach_timeout) {
         it = sessions_.erase(it);
@@ -651,7 +653,8 @@ void SessionRegistry::ReapOnce(absl::Time now) {
       ++it;
     }
     for (auto it = ended_.begin(); it != ended_.end();) {
-      Session& s = *it->session;
+      const std::shared_ptr<Session> keep = it->session;  // outlives the lock, as above
+      Session& s = *keep;
       const bool force = now >= it->deadline || ProcessExited(s.pidfd_);
       std::lock_guard<std::mutex> slock(s.mu_);
       for (auto lit = s.leases_.begin(); lit != s.leases_.end();) {
