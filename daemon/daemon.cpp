@@ -382,6 +382,8 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
         if (!fresh.ok()) {
           spdlog::error("SIGHUP: {} not reloaded: {}", flags.config_path, std::string(fresh.status().message()));
         } else {
+          if (!flags.socket_override.empty()) fresh->listen.unix_socket = flags.socket_override;
+          if (flags.log_level_override) fresh->logging.level = *flags.log_level_override;
           absl::Status st = ApplyReloadable(*fresh, live);
           SetLogLevel(live.logging.level);
           spdlog::info("SIGHUP: logging.level = {}", NameOf(live.logging.level));

@@ -5,6 +5,7 @@
 // drain, exit. docs/operations.md describes the lifecycle.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -18,6 +19,10 @@ struct DaemonFlags {
   // Stays in the starting state this long after the listeners are up, before loading models:
   // lets tests observe health NOT_SERVING during start-up.
   absl::Duration hold_before_serving = absl::ZeroDuration();
+  // Command-line overrides of the file (--socket, --log-level): applied again to the file
+  // re-read at SIGHUP, so that a reload neither reports them as changed nor undoes them.
+  std::string socket_override;  // "" = none
+  std::optional<LoggingConfig::Level> log_level_override;
 };
 
 // Returns the process exit code: 0 after a clean stop (SIGTERM/SIGINT), 1 when start-up failed,

@@ -62,6 +62,8 @@ int main(int argc, char** argv) {
   expertd::DaemonFlags flags;
   flags.config_path = config_path;
   flags.demo = demo;
+  flags.socket_override = socket;
+  if (!log_level.empty()) flags.log_level_override = config->logging.level;
   if (!hold.empty()) {
     absl::StatusOr<std::chrono::milliseconds> d = expertd::ParseDurationText(hold);
     if (!d.ok()) {
