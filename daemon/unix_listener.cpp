@@ -12,14 +12,13 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <grpcpp/server.h>
 #include <grpcpp/server_posix.h>
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "util/status.h"
 
 namespace expertd {
@@ -32,22 +31,40 @@ absl::Status Errno(std::string_view what, const std::string& path) {
                       absl::StrCat(AV(what), " ", path, ": ", std::strerror(err)));
 }
 
-// The peer's supplementary groups, from /proc/<pid>/status ("Groups: 4 24 27"). SO_PEERCRED
-// carries only the primary gid.
-std::vector<uint32_t> PeerGroups(pid_t pid, uint32_t primary) {
+}  // namespace
+
+std::vector<uint32_t> PeerGroups(int fd, uint32_t primary) {
   std::vector<uint32_t> groups{primary};
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("Groups:", 0) != 0) continue;
-    std::istringstream in(line.substr(7));
-    uint32_t g;
-    while (in >> g) groups.push_back(g);
+  std::vector<gid_t> got(64);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    socklen_t len = static_cast<socklen_t>(got.size() * sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, got.data(), &len) == 0) {
+      groups.insert(groups.end(), got.begin(), got.begin() + len / sizeof(gid_t));
+      return groups;
+    }
+    if (errno != ERANGE) break;
+    got.resize(len / sizeof(gid_t) + 1);  // the kernel said how many there are
   }
   return groups;
 }
 
-}  // namespace
+absl::Status CheckSocketDirectory(const std::string& dir, uid_t daemon_uid) {
+  struct stat st{};
+  if (lstat(dir.c_str(), &st) != 0) return Errno("stat", dir);
+  const auto refuse = [&](std::string_view why) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "socket directory ", dir, " ", AV(why), " (owner uid ", st.st_uid, ", mode ",
+        absl::StrFormat("%04o", st.st_mode & 07777),
+        "): whoever can write there could replace the daemon's socket; use a directory of the "
+        "daemon's own user (listen.unix_socket)"));
+  };
+  if (!S_ISDIR(st.st_mode)) return refuse("is not a directory (or is a symlink)");
+  if (st.st_uid != daemon_uid && st.st_uid != 0) return refuse("belongs to another user");
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (st.st_mode & S_ISVTX) == 0) {
+    return refuse("can be written by other users");
+  }
+  return absl::OkStatus();
+}
 
 bool PeerAllowed(uint32_t uid, const std::vector<uint32_t>& groups, uint32_t daemon_uid,
                  const UnixListenerOptions& options) {
@@ -84,6 +101,10 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(UnixListenerOpt
     // mkdir's mode passes through the umask; set it exactly.
     if (chmod(dir.c_str(), options.directory_mode) != 0) return Errno("chmod", dir.string());
   }
+  if (!dir.empty()) {
+    absl::Status safe = CheckSocketDirectory(dir.string(), geteuid());
+    if (!safe.ok()) return safe;
+  }
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno("socket", path);
   addr.sun_family = AF_UNIX;
@@ -112,7 +133,9 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(UnixListenerOpt
     close(fd);
     return err;
   }
-  if (chmod(path.c_str(), options.socket_mode) != 0 || listen(fd, 128) != 0) {
+  // Not through a symlink put in the socket's place: that is refused (EOPNOTSUPP).
+  if (fchmodat(AT_FDCWD, path.c_str(), options.socket_mode, AT_SYMLINK_NOFOLLOW) != 0 ||
+      listen(fd, 128) != 0) {
     absl::Status err = Errno("chmod/listen", path);
     close(fd);
     unlink(path.c_str());
@@ -175,7 +198,7 @@ void UnixListener::AcceptLoop(grpc::Server* server) {
       refused_.fetch_add(1);
       continue;
     }
-    const std::vector<uint32_t> groups = PeerGroups(cred.pid, cred.gid);
+    const std::vector<uint32_t> groups = PeerGroups(conn, cred.gid);
     if (!PeerAllowed(cred.uid, groups, daemon_uid, options_)) {
       spdlog::warn(
           "unix listener: refused pid {} uid {} gid {}: not the daemon's uid and not in "

@@ -5,8 +5,12 @@
 // descriptor number, which is also the call's peer string ("fd:N").
 //
 // The socket file is created with `socket_mode` inside a directory created with
-// `directory_mode` (an existing directory, e.g. systemd's RuntimeDirectory, is used as it is).
-// A stale socket file is replaced; a live one (another daemon answers) is an error.
+// `directory_mode`. An existing directory (e.g. systemd's RuntimeDirectory) is used as it is
+// when the daemon's user or root owns it and nobody else can write to it (a sticky one like
+// /tmp excepted); otherwise Bind refuses, since whoever can write there could replace the
+// socket. The mode is set without following symlinks. A stale socket file is replaced; a live
+// one (another daemon answers) is an error. A peer's groups come from the connection itself
+// (SO_PEERGROUPS), never from /proc by pid.
 #pragma once
 
 #include <sys/types.h>
@@ -40,6 +44,14 @@ struct UnixListenerOptions {
 // one of its groups is listed.
 bool PeerAllowed(uint32_t uid, const std::vector<uint32_t>& groups, uint32_t daemon_uid,
                  const UnixListenerOptions& options);
+
+// The groups of the process at the other end of a connected Unix socket (SO_PEERGROUPS),
+// `primary` first; {primary} when the kernel cannot say.
+std::vector<uint32_t> PeerGroups(int fd, uint32_t primary);
+
+// Whether an existing socket directory is safe to use (see the file comment): OK, or
+// FailedPrecondition naming the directory, its owner and its mode.
+absl::Status CheckSocketDirectory(const std::string& dir, uid_t daemon_uid);
 
 class UnixListener {
  public:

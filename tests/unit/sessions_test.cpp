@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <condition_variable>
 #include <mutex>
 
@@ -294,6 +298,60 @@ TEST(PeerAllowedTest, UidsAndGroups) {
   o.allowed_gids = {44};
   EXPECT_TRUE(PeerAllowed(1002, {1002, 44}, 1000, o));  // a supplementary group counts
   EXPECT_FALSE(PeerAllowed(0, {0}, 1000, o));            // root is not special
+}
+
+TEST(UnixListenerTest, PeerGroupsComeFromTheConnection) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  std::vector<gid_t> mine(getgroups(0, nullptr));
+  ASSERT_EQ(getgroups(static_cast<int>(mine.size()), mine.data()),
+            static_cast<int>(mine.size()));
+  const std::vector<uint32_t> got = PeerGroups(sv[0], 4242);
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got[0], 4242u);  // the primary, as given
+  EXPECT_EQ(std::vector<uint32_t>(got.begin() + 1, got.end()),
+            std::vector<uint32_t>(mine.begin(), mine.end()));
+  close(sv[0]);
+  close(sv[1]);
+  // Not a socket: only the primary.
+  EXPECT_EQ(PeerGroups(-1, 7), std::vector<uint32_t>{7});
+}
+
+TEST(UnixListenerTest, AnExistingDirectoryOthersCanWriteIsRefused) {
+  TempDir dir;
+  PeerTable peers;
+  const std::string run = dir.path() + "/run";
+  ASSERT_EQ(mkdir(run.c_str(), 0700), 0);
+  UnixListenerOptions o;
+  o.path = run + "/expertd.sock";
+  o.socket_mode = 0640;
+  {
+    auto ok = UnixListener::Bind(o, &peers);
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    struct stat st{};
+    ASSERT_EQ(stat(o.path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0640u);
+  }
+  ASSERT_EQ(chmod(run.c_str(), 0777), 0);  // anyone may replace the socket
+  auto refused = UnixListener::Bind(o, &peers);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("can be written by other users"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find(run), std::string::npos);
+  ASSERT_EQ(chmod(run.c_str(), 01777), 0);  // sticky, as /tmp: names cannot be replaced
+  EXPECT_TRUE(UnixListener::Bind(o, &peers).ok());
+  // A symlink in the directory's place is refused too.
+  const std::string link = dir.path() + "/link";
+  ASSERT_EQ(symlink(run.c_str(), link.c_str()), 0);
+  EXPECT_FALSE(CheckSocketDirectory(link, geteuid()).ok());
+  if (geteuid() == 0) {  // another owner (only root can make one)
+    ASSERT_EQ(chmod(run.c_str(), 0700), 0);
+    ASSERT_EQ(chown(run.c_str(), 65534, 65534), 0);
+    auto other = CheckSocketDirectory(run, 0);
+    ASSERT_FALSE(other.ok());
+    EXPECT_NE(other.message().find("belongs to another user"), std::string::npos) << other;
+  }
 }
 
 TEST(LatencyHistogramTest, QuantilesWithinBucketError) {
