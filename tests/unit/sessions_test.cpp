@@ -318,7 +318,7 @@ TEST(UnixListenerTest, PeerGroupsComeFromTheConnection) {
 }
 
 TEST(UnixListenerTest, AnExistingDirectoryOthersCanWriteIsRefused) {
-  TempDir dir;
+  testing::TempDir dir;
   PeerTable peers;
   const std::string run = dir.path() + "/run";
   ASSERT_EQ(mkdir(run.c_str(), 0700), 0);
