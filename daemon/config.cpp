@@ -407,6 +407,7 @@ void ReadRoot(Reader& r, const toml::table& root, DaemonConfig& c) {
       {"max_sessions", r.Into(lim.max_sessions, IntIn<uint32_t>(1, kMaxI32))},
       {"max_leases_per_session", r.Into(lim.max_leases_per_session, IntIn<uint32_t>(1, kMaxI32))},
       {"max_experts_per_acquire", r.Into(lim.max_experts_per_acquire, IntIn<uint32_t>(1, kMaxI32))},
+      {"max_slots_per_session", r.Into(lim.max_slots_per_session, IntIn<uint32_t>(0, kMaxI32))},
       {"lease_ttl", r.Into(lim.lease_ttl, DurationFrom(milliseconds(1)))},
       {"session_attach_timeout", r.Into(lim.session_attach_timeout, DurationFrom(milliseconds(1)))},
       // gRPC takes the limit as an int.
@@ -634,6 +635,7 @@ absl::Status ApplyReloadable(const DaemonConfig& fresh, DaemonConfig& live) {
   diff("limits.max_sessions", fm.max_sessions, lm.max_sessions);
   diff("limits.max_leases_per_session", fm.max_leases_per_session, lm.max_leases_per_session);
   diff("limits.max_experts_per_acquire", fm.max_experts_per_acquire, lm.max_experts_per_acquire);
+  diff("limits.max_slots_per_session", fm.max_slots_per_session, lm.max_slots_per_session);
   diff("limits.lease_ttl", fm.lease_ttl, lm.lease_ttl);
   diff("limits.session_attach_timeout", fm.session_attach_timeout, lm.session_attach_timeout);
   diff("limits.max_message_bytes", fm.max_message_bytes, lm.max_message_bytes);

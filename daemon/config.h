@@ -142,6 +142,10 @@ struct LimitsConfig {
   uint32_t max_sessions = 64;
   uint32_t max_leases_per_session = 1024;
   uint32_t max_experts_per_acquire = 64;
+  // Slots one session may hold at once (its leases plus its acquires in flight), per model;
+  // 0 = half of the model's slots, but never fewer than one acquire of max_experts_per_acquire
+  // (nor more than the model has).
+  uint32_t max_slots_per_session = 0;
   // A lease older than this whose session sent nothing for as long is reclaimed.
   std::chrono::milliseconds lease_ttl{60'000};
   // How long an OpenSession waits for its Session stream to attach before it is dropped.

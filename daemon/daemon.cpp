@@ -76,6 +76,7 @@ SessionLimits LimitsFrom(const LimitsConfig& l) {
   s.max_sessions = l.max_sessions;
   s.max_leases_per_session = l.max_leases_per_session;
   s.max_experts_per_acquire = l.max_experts_per_acquire;
+  s.max_slots_per_session = l.max_slots_per_session;
   s.lease_ttl = absl::FromChrono(l.lease_ttl);
   s.attach_timeout = absl::FromChrono(l.session_attach_timeout);
   s.max_message_bytes = l.max_message_bytes;

@@ -138,6 +138,7 @@ grpc::ServerUnaryReactor* ExpertdService::OpenSession(grpc::CallbackServerContex
   v1::SessionLimits* out = response->mutable_limits();
   out->set_max_leases(l.max_leases_per_session);
   out->set_max_experts_per_acquire(l.max_experts_per_acquire);
+  out->set_max_slots(SlotsPerSession(l, *model));
   out->set_lease_ttl_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(l.lease_ttl)));
   out->set_attach_timeout_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(l.attach_timeout)));
   out->set_max_message_bytes(l.max_message_bytes);

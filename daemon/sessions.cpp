@@ -102,6 +102,16 @@ Session::Session(SessionRegistry* registry, std::string id, ServedModel* model, 
       pidfd_(OpenPidfd(peer.pid)),
       last_request_(opened_at_) {}
 
+uint32_t SlotsPerSession(const SessionLimits& limits, const ServedModel& model) {
+  uint64_t total = 0;
+  for (size_t c = 0; c < model.catalog().slot_classes().size(); ++c) {
+    total += model.engine().slots(static_cast<uint32_t>(c));
+  }
+  uint64_t bound = limits.max_slots_per_session;
+  if (bound == 0) bound = std::max<uint64_t>((total + 1) / 2, limits.max_experts_per_acquire);
+  return static_cast<uint32_t>(std::min<uint64_t>(bound, std::max<uint64_t>(total, 1)));
+}
+
 void Session::Touch() {
   std::lock_guard<std::mutex> lock(mu_);
   last_request_ = absl::Now();
@@ -162,14 +172,19 @@ void Session::Acquire(const v1::Acquire& request) {
                                         layer->n_expert, " experts)")));
     }
   }
+  const uint64_t n = static_cast<uint64_t>(request.experts_size());
+  const uint32_t slot_bound = SlotsPerSession(limits, *model_);
   bool over = false;
+  uint64_t held = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     // A request read after the session ended (its lane thread was still at it): nobody waits.
     if (ended_) return;
     over = leases_.size() + pending_ >= limits.max_leases_per_session;
-    if (!over) {
+    held = slots_;
+    if (!over && slots_ + n <= slot_bound) {
       ++pending_;
+      slots_ += n;
       ++counters_.acquires;
     }
   }
@@ -178,14 +193,21 @@ void Session::Acquire(const v1::Acquire& request) {
                          "acquire ", seq, ": the session holds ", limits.max_leases_per_session,
                          " leases (the per-session limit); release some first")));
   }
+  if (held + n > slot_bound) {
+    return Fail(seq, absl::ResourceExhaustedError(absl::StrCat(
+                         "acquire ", seq, ": the session holds ", held, " slots and asks for ",
+                         n, " more; a session may hold ", slot_bound,
+                         " (limits.max_slots_per_session); release some first")));
+  }
   std::vector<uint32_t> experts(request.experts().begin(), request.experts().end());
   model_->engine().AcquireAsync(
       request.layer(), experts,
-      [self = shared_from_this(), seq](absl::StatusOr<Grant> grant) {
+      [self = shared_from_this(), seq, n](absl::StatusOr<Grant> grant) {
         if (!grant.ok()) {
           {
             std::lock_guard<std::mutex> lock(self->mu_);
             --self->pending_;
+            self->slots_ -= n;
           }
           return self->Fail(seq, ForClient(grant.status()));
         }
@@ -222,6 +244,7 @@ void Session::Acquire(const v1::Acquire& request) {
         self->Reclaim(*grant);
         std::lock_guard<std::mutex> lock(self->mu_);
         --self->pending_;
+        self->slots_ -= n;
       });
 }
 
@@ -271,6 +294,7 @@ void Session::Release(const v1::Release& request) {
         }
       }
       if (refused.ok()) {
+        slots_ -= it->second.grant.slots.size();
         grant = std::move(it->second.grant);
         leases_.erase(it);
       }
@@ -286,6 +310,7 @@ void Session::Release(const v1::Release& request) {
         }
       }
       if (refused.ok()) {
+        slots_ -= it->second.grant.slots.size();
         grant = std::move(it->second.grant);
         leases_.erase(it);
       }
@@ -540,6 +565,7 @@ void SessionRegistry::End(const std::shared_ptr<Session>& session) {
     session->lane_->Join();
   }
   std::vector<Grant> now;
+  std::vector<std::shared_ptr<Session>> gone;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = sessions_.find(session->id());
@@ -551,6 +577,7 @@ void SessionRegistry::End(const std::shared_ptr<Session>& session) {
     // Leases whose done fences passed go back at once; the rest drain in the reaper.
     for (auto lit = session->leases_.begin(); lit != session->leases_.end();) {
       if (session->DonePassed(lit->second.grant)) {
+        session->slots_ -= lit->second.grant.slots.size();
         now.push_back(std::move(lit->second.grant));
         lit = session->leases_.erase(lit);
       } else {
@@ -562,8 +589,28 @@ void SessionRegistry::End(const std::shared_ptr<Session>& session) {
     } else if (!session->fences_.empty() && !session->client_gone_) {
       watched_.push_back({session, absl::Now() + limits_.lease_ttl});
     }
+    // Bounded: a client that ends sessions without giving their leases back (an open, acquire,
+    // close loop) would otherwise leave one draining session (and its pidfd, and its slots)
+    // per turn for lease_ttl. Past max_sessions, the oldest are reclaimed at the reaper's next
+    // pass, as if their time was up.
+    const size_t cap = limits_.max_sessions;
+    for (size_t i = 0; ended_.size() > cap && i < ended_.size() - cap; ++i) {
+      if (ended_[i].deadline == absl::InfinitePast()) continue;
+      ended_[i].deadline = absl::InfinitePast();
+      spdlog::warn("session {} ({}, pid {}): ended with leases not given back; reclaimed early: "
+                   "more than limits.max_sessions ({}) ended sessions are draining",
+                   ended_[i].session->id(), ended_[i].session->client_name().empty()
+                                                ? "-" : ended_[i].session->client_name(),
+                   ended_[i].session->peer().pid, cap);
+    }
+    while (watched_.size() > cap) {  // the oldest stop being watched: their records are not
+      gone.push_back(watched_.front().session);  // waited for any more
+      watched_.front().session->client_gone_ = true;
+      watched_.erase(watched_.begin());
+    }
   }
   for (const Grant& g : now) session->model().engine().Release(g);
+  for (const std::shared_ptr<Session>& s : gone) s->ClientGone();
   Notify();
 }
 
@@ -575,6 +622,11 @@ void SessionRegistry::BeginDrain() {
 bool SessionRegistry::draining() const {
   std::lock_guard<std::mutex> lock(mu_);
   return draining_;
+}
+
+size_t SessionRegistry::ended_sessions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ended_.size() + watched_.size();
 }
 
 uint64_t SessionRegistry::LeasesOutstanding() const {
@@ -644,6 +696,7 @@ void SessionRegistry::ReapOnce(absl::Time now) {
       const bool idle = now - s.last_request_ > limits_.lease_ttl;
       for (auto lit = s.leases_.begin(); lit != s.leases_.end();) {
         if (idle && now - lit->second.granted_at > limits_.lease_ttl) {
+          s.slots_ -= lit->second.grant.slots.size();
           expired.push_back({it->second, lit->first, std::move(lit->second.grant)});
           lit = s.leases_.erase(lit);
         } else {
@@ -659,6 +712,7 @@ void SessionRegistry::ReapOnce(absl::Time now) {
       std::lock_guard<std::mutex> slock(s.mu_);
       for (auto lit = s.leases_.begin(); lit != s.leases_.end();) {
         if (force || s.DonePassed(lit->second.grant)) {
+          s.slots_ -= lit->second.grant.slots.size();
           released.emplace_back(it->session, std::move(lit->second.grant));
           lit = s.leases_.erase(lit);
         } else {

@@ -7,7 +7,8 @@
 //    releases it and tells the session (LeaseExpired);
 //  - when a session ends (its stream closed for any reason), each lease is released once its
 //    done fences pass, or at once when the client process has exited (pidfd), or after
-//    lease_ttl at the latest.
+//    lease_ttl at the latest; beyond max_sessions ended sessions, the oldest at once;
+//  - one session holds at most SlotsPerSession slots, so that others keep a share of the pool.
 // Nothing here blocks on I/O: grants arrive on engine threads and go out through the session's
 // Outbox: the stream's write queue, or the session's request lane (lane_server.h), which then
 // also carries the requests. Thread-safe.
@@ -40,11 +41,17 @@ struct SessionLimits {
   uint32_t max_sessions = 64;
   uint32_t max_leases_per_session = 1024;
   uint32_t max_experts_per_acquire = 64;
+  uint32_t max_slots_per_session = 0;  // 0: SlotsPerSession's default
   absl::Duration lease_ttl = absl::Seconds(60);
   absl::Duration attach_timeout = absl::Seconds(10);
   uint64_t max_message_bytes = uint64_t{4} << 20;
   absl::Duration reap_interval = absl::Milliseconds(50);
 };
+
+// The slots one session of `model` may hold at once (leases plus acquires in flight):
+// limits.max_slots_per_session, or by default half of the model's slots but at least one
+// acquire of max_experts_per_acquire; never more than the model has.
+uint32_t SlotsPerSession(const SessionLimits& limits, const ServedModel& model);
 
 // Who is on the other end of a connection (SO_PEERCRED on the Unix socket; unknown on TCP).
 struct Peer {
@@ -138,6 +145,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool ended_ = false;
   absl::Time last_request_;  // the last Acquire, Prefetch or Release
   uint32_t pending_ = 0;  // acquires sent to the engine and not answered yet
+  uint64_t slots_ = 0;    // slots of leases_ plus those asked for by pending acquires
   uint64_t next_lease_ = 1;
   std::map<uint64_t, Lease> leases_;
   SessionCounters counters_;
@@ -173,6 +181,9 @@ class SessionRegistry {
   // Shutdown: new acquires and sessions are refused from now on.
   void BeginDrain();
   bool draining() const;
+  // Ended sessions still draining leases (at most max_sessions are waited for; older ones are
+  // reclaimed early) or watched for their process to exit.
+  size_t ended_sessions() const;
   // Leases held by live sessions plus leases still draining.
   uint64_t LeasesOutstanding() const;
   // Waits until no lease is outstanding or `timeout` passed; true when none is left.

@@ -70,6 +70,7 @@ TEST(ConfigDefaults, AreTheDocumentedValues) {
   EXPECT_EQ(c.limits.max_sessions, 64u);
   EXPECT_EQ(c.limits.max_leases_per_session, 1024u);
   EXPECT_EQ(c.limits.max_experts_per_acquire, 64u);
+  EXPECT_EQ(c.limits.max_slots_per_session, 0u);
   EXPECT_EQ(c.limits.lease_ttl, milliseconds(60'000));
   EXPECT_EQ(c.limits.session_attach_timeout, milliseconds(10'000));
   EXPECT_EQ(c.limits.max_message_bytes, uint64_t{4} << 20);
@@ -117,8 +118,9 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& AllKeys() {
       {"cache", {"policy"}},
       {"predictor", {"kind", "lookahead", "max_experts", "history_tokens"}},
       {"limits",
-       {"max_sessions", "max_leases_per_session", "max_experts_per_acquire", "lease_ttl",
-        "session_attach_timeout", "max_message_bytes", "drain_timeout"}},
+       {"max_sessions", "max_leases_per_session", "max_experts_per_acquire",
+        "max_slots_per_session", "lease_ttl", "session_attach_timeout", "max_message_bytes",
+        "drain_timeout"}},
       {"lane", {"enabled", "spin_us", "request_ring_bytes", "response_ring_bytes"}},
       {"logging", {"level", "format"}},
       {"metrics", {"listen"}},
@@ -242,6 +244,7 @@ TEST(ConfigErrors, RangesNameTheKeyAndTheLimits) {
   EXPECT_TRUE(Bad("[lane]\nspin_us = 20000\n", {"lane.spin_us"}));
   EXPECT_TRUE(Bad("[limits]\nmax_leases_per_session = 0\n", {"limits.max_leases_per_session"}));
   EXPECT_TRUE(Bad("[limits]\nmax_experts_per_acquire = 0\n", {"limits.max_experts_per_acquire"}));
+  EXPECT_TRUE(Bad("[limits]\nmax_slots_per_session = -1\n", {"limits.max_slots_per_session"}));
   EXPECT_TRUE(Bad("[limits]\nlease_ttl = \"0s\"\n", {"limits.lease_ttl: must be at least 1ms"}));
   EXPECT_TRUE(
       Bad("[limits]\nsession_attach_timeout = \"0ms\"\n", {"limits.session_attach_timeout"}));
@@ -568,6 +571,7 @@ TEST(ConfigReload, EveryOtherKeyNeedsARestartAndIsNamed) {
       {"limits.max_sessions", "[limits]\nmax_sessions = 1"},
       {"limits.max_leases_per_session", "[limits]\nmax_leases_per_session = 1"},
       {"limits.max_experts_per_acquire", "[limits]\nmax_experts_per_acquire = 1"},
+      {"limits.max_slots_per_session", "[limits]\nmax_slots_per_session = 5"},
       {"limits.lease_ttl", "[limits]\nlease_ttl = \"1s\""},
       {"limits.session_attach_timeout", "[limits]\nsession_attach_timeout = \"1s\""},
       {"limits.max_message_bytes", "[limits]\nmax_message_bytes = \"1MiB\""},

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
 
 #include "device/host/host_device.h"
@@ -134,6 +135,88 @@ TEST_F(SessionsTest, AcquireGrantsAndReleaseNeedsDone) {
   err = outbox->Take(ErrorFor(4));
   ASSERT_TRUE(err.has_value());
   EXPECT_EQ(err->error().code(), static_cast<int>(absl::StatusCode::kNotFound));
+}
+
+// One session cannot lease the whole pool: by default it may hold half of the model's slots
+// (16 here), so another session still gets slots while the first holds all it may.
+TEST_F(SessionsTest, OneSessionCannotLeaseThePool) {
+  SessionLimits limits;
+  limits.max_experts_per_acquire = 4;
+  SessionRegistry& reg = Registry(limits);
+  EXPECT_EQ(SlotsPerSession(limits, *model_), 8u);
+  auto greedy = reg.Open(model_.get(), peer_, "greedy");
+  auto other = reg.Open(model_.get(), peer_, "other");
+  ASSERT_TRUE(greedy.ok() && other.ok());
+  auto gbox = std::make_shared<RecordingOutbox>();
+  auto obox = std::make_shared<RecordingOutbox>();
+  ASSERT_TRUE(reg.Attach((*greedy)->id(), peer_, gbox).ok());
+  ASSERT_TRUE(reg.Attach((*other)->id(), peer_, obox).ok());
+  std::vector<v1::Grant> held;
+  int refused = 0;
+  for (uint32_t layer = 0; layer < 8; ++layer) {
+    (*greedy)->Acquire(AcquireMsg(layer + 1, layer, {0, 1, 2, 3}));
+    auto r = gbox->Take([&](const v1::SessionResponse& m) {
+      return (m.has_grant() && m.grant().seq() == layer + 1) ||
+             (m.has_error() && m.error().seq() == layer + 1);
+    });
+    ASSERT_TRUE(r.has_value());
+    if (r->has_grant()) {
+      held.push_back(r->grant());
+      continue;
+    }
+    ++refused;
+    EXPECT_EQ(r->error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+    EXPECT_NE(r->error().message().find("limits.max_slots_per_session"), std::string::npos)
+        << r->error().message();
+  }
+  EXPECT_EQ(held.size(), 2u);  // 8 slots
+  EXPECT_EQ(refused, 6);
+  // The other session gets its share while the greedy one holds all it may.
+  (*other)->Acquire(AcquireMsg(1, 9, {4, 5, 6, 7}));
+  auto g = obox->Take(GrantFor(1));
+  ASSERT_TRUE(g.has_value());
+  // A release makes room again for the greedy session.
+  SignalDone(held[0]);
+  v1::Release rel;
+  rel.set_seq(100);
+  rel.set_lease(held[0].lease());
+  (*greedy)->Release(rel);
+  (*greedy)->Acquire(AcquireMsg(101, 10, {0, 1, 2, 3}));
+  EXPECT_TRUE(gbox->Take(GrantFor(101)).has_value());
+  // An explicit bound, below one acquire: every acquire of more is refused.
+  limits.max_slots_per_session = 3;
+  EXPECT_EQ(SlotsPerSession(limits, *model_), 3u);
+  limits.max_slots_per_session = 1000;  // never more than the model has
+  EXPECT_EQ(SlotsPerSession(limits, *model_), 16u);
+}
+
+// A client that opens, acquires and closes in a loop without giving leases back: the ended
+// sessions waiting for their leases stay bounded (max_sessions), and so do their pidfds and
+// slots.
+TEST_F(SessionsTest, EndedSessionsAreBounded) {
+  SessionLimits limits;
+  limits.max_sessions = 4;
+  SessionRegistry& reg = Registry(limits);
+  Peer me = peer_;
+  me.pid = getpid();  // a live process: its sessions get a pidfd each
+  const auto fds = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
+                         std::filesystem::directory_iterator());
+  };
+  const auto before = fds();
+  for (uint64_t turn = 1; turn <= 100; ++turn) {
+    auto s = reg.Open(model_.get(), me, "loop");
+    ASSERT_TRUE(s.ok()) << s.status();
+    auto box = std::make_shared<RecordingOutbox>();
+    ASSERT_TRUE(reg.Attach((*s)->id(), me, box).ok());
+    (*s)->Acquire(AcquireMsg(turn, static_cast<uint32_t>(turn % 32), {0}));
+    ASSERT_TRUE(box->Take(GrantFor(turn)).has_value()) << "turn " << turn;
+    reg.End(*s);  // done never signalled, lease never released
+    reg.ReapOnce(absl::Now());
+    ASSERT_LE(reg.ended_sessions(), 4u) << "turn " << turn;
+    ASSERT_LE(reg.LeasesOutstanding(), 4u) << "turn " << turn;
+  }
+  EXPECT_LE(fds(), before + 4);
 }
 
 TEST_F(SessionsTest, LimitsAndAttachRules) {
