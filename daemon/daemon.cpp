@@ -6,6 +6,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 
 #include <grpcpp/grpcpp.h>
@@ -116,7 +117,29 @@ struct Daemon {
     grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
     if (health == nullptr) return;
     health->SetServingStatus("", serving);
-    for (const auto& m : models) health->SetServingStatus(m->name(), serving);  // once per device
+    // A model serves while every pack of each of its instances (one per device) does.
+    std::map<std::string, bool> by_name;
+    for (const auto& m : models) {
+      auto [it, fresh] = by_name.emplace(m->name(), true);
+      it->second = it->second && m->PackHealth().ok();
+    }
+    for (const auto& [name, packs_ok] : by_name) {
+      health->SetServingStatus(name, serving && packs_ok);
+    }
+  }
+
+  // Packs whose files changed under the daemon: logged once each, and the model's health turns
+  // NOT_SERVING (`serving`: the daemon's own state).
+  void CheckPacks(bool serving) {
+    bool changed = false;
+    for (const auto& m : models) {
+      for (const std::string& why : m->CheckPacks()) {
+        spdlog::error("model {} on {}: {}; acquires that need it fail, health NOT_SERVING",
+                      m->name(), m->device_name(), why);
+        changed = true;
+      }
+    }
+    if (changed) SetHealth(serving);
   }
 
   // Stops serving in a fixed order: listeners, then the gRPC server (its Session streams end,
@@ -373,9 +396,18 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
       }
     }
     if (!device_health.ok()) break;
+    d.CheckPacks(d.state.serving);
     if (sig == 0) continue;
     if (sig == SIGHUP) {
       manager.Reloading();
+      bool reopened = false;
+      for (const auto& m : d.models) {
+        for (const std::string& line : m->ReopenPacks()) {
+          spdlog::info("SIGHUP: model {} on {}: {}", m->name(), m->device_name(), line);
+          reopened = true;
+        }
+      }
+      if (reopened) d.SetHealth(d.state.serving);
       if (flags.config_path.empty()) {
         spdlog::info("SIGHUP: no config file to reload");
       } else {

@@ -233,4 +233,35 @@ std::vector<std::pair<std::string, uint64_t>> ServedModel::PackBytesRead() const
   return out;
 }
 
+std::vector<std::string> ServedModel::CheckPacks() {
+  std::vector<std::string> out;
+  for (PackId id : packs_->CheckFiles()) out.emplace_back(packs_->failure(id).message());
+  return out;
+}
+
+absl::Status ServedModel::PackHealth() const {
+  for (PackId id = 0; id < packs_->size(); ++id) {
+    if (absl::Status st = packs_->failure(id); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> ServedModel::ReopenPacks() {
+  std::vector<std::string> out;
+  const std::vector<PackCopyPath> paths = engine_->CopyPaths();
+  for (PackId id = 0; id < packs_->size(); ++id) {
+    if (!packs_->failed(id)) continue;
+    const PackEntry& e = packs_->pack(id);
+    if (id < paths.size() && paths[id].direct) {
+      out.push_back(absl::StrCat("pack ", e.label, " (", e.path, "): copied from a mapping "
+                                 "registered with the device; restart the daemon to serve it"));
+      continue;
+    }
+    absl::Status st = packs_->Reopen(id);
+    out.push_back(st.ok() ? absl::StrCat("pack ", e.label, " (", e.path, "): serving again")
+                          : std::string(st.message()));
+  }
+  return out;
+}
+
 }  // namespace expertd

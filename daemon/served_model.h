@@ -1,7 +1,9 @@
 // One served model: its GGUF (and optional index), the catalog, the open packs and the engine
 // that owns its slot pools. Loading verifies that every expert range lies inside its pack, so a
 // model that starts serving cannot fault on a short file later (truncation after start is the
-// engine's fault path). gRPC-free apart from the ModelInfo message it precomputes.
+// engine's fault path, and CheckPacks notices it, a replaced or a vanished file, for the
+// model's health; ReopenPacks serves such a pack again once its file is back). gRPC-free apart
+// from the ModelInfo message it precomputes.
 #pragma once
 
 #include <map>
@@ -48,6 +50,16 @@ class ServedModel {
   const std::string& device_kind() const { return device_kind_; }
   const ModelCatalog& catalog() const { return *catalog_; }
   const PackSet& packs() const { return *packs_; }
+  // Packs whose files changed under the daemon (PackSet::CheckFiles): marks them failed and
+  // returns why, one line per pack newly failed. Acquires that need to read a failed pack
+  // fail with that reason; bundles already in slots still serve.
+  std::vector<std::string> CheckPacks();
+  // The first failed pack's reason; OK while every pack serves (the model's health).
+  absl::Status PackHealth() const;
+  // SIGHUP: serves each failed pack again whose file is back (PackSet::Reopen). Returns one
+  // line per failed pack: "pack P (PATH): serving again", or why not. A pack read through a
+  // mapping registered with the device is never swapped (the daemon must restart).
+  std::vector<std::string> ReopenPacks();
   Engine& engine() const { return *engine_; }
   const v1::ModelInfo& info() const { return info_; }
   // The handles a session maps (one entry per slot class), built once at load.

@@ -15,9 +15,11 @@
 #include <mutex>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "util/checked.h"
+#include "util/hash.h"
 #include "util/status.h"
 
 namespace expertd {
@@ -69,6 +71,10 @@ class OpenPack {
   std::string Name() const { return absl::StrCat("pack ", entry.label, " (", entry.path, ")"); }
 
   PackEntry entry;
+  // The file as opened: what CheckFiles compares the path with, and what Reopen must find.
+  dev_t dev = 0;
+  ino_t ino = 0;
+  uint64_t fingerprint = 0;
   UniqueFd fd;             // buffered descriptor: pread, fstat, and the mmap size check
   UniqueFd direct_fd;      // O_DIRECT descriptor (method kDirect)
   uint8_t* map = nullptr;  // whole-file mapping (method kMmap, non-empty file)
@@ -307,6 +313,23 @@ absl::StatusOr<std::string> SetUpDirect(OpenPack& p, const struct stat& st) {
   return std::string();
 }
 
+// The identity Reopen checks: a hash of the first MiB (the GGUF header and tensor table of a
+// model file) and the size.
+constexpr uint64_t kFingerprintBytes = uint64_t{1} << 20;
+
+absl::StatusOr<uint64_t> Fingerprint(int fd, uint64_t size, const std::string& name) {
+  std::vector<uint8_t> head(std::min(size, kFingerprintBytes));
+  uint64_t done = 0;
+  while (done < head.size()) {
+    const ssize_t n = ::pread(fd, head.data() + done, head.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError(ErrorKind::kIo, absl::StrCat(name, ": read for its fingerprint"), errno);
+    if (n == 0) return DataError(ErrorKind::kTruncated, absl::StrCat(name, ": shorter than its size"));
+    done += static_cast<uint64_t>(n);
+  }
+  return Xxh3(head) ^ (size * 0x9E3779B97F4A7C15ull);
+}
+
 }  // namespace
 
 std::string_view ReadMethodName(ReadMethod method) {
@@ -377,6 +400,9 @@ absl::Status PackSet::OpenOne(PackSpec spec) {
     return InvalidError(ErrorKind::kMissingFile, absl::StrCat(p->Name(), ": not a regular file"));
   }
   p->entry.size = static_cast<uint64_t>(st.st_size);
+  p->dev = st.st_dev;
+  p->ino = st.st_ino;
+  ASSIGN_OR_RETURN(p->fingerprint, Fingerprint(fd, p->entry.size, p->Name()));
 
   p->entry.requested = spec.method.value_or(options_.method);
   p->entry.method = p->entry.requested;
@@ -416,6 +442,98 @@ absl::Status PackSet::OpenOne(PackSpec spec) {
 }
 
 const PackEntry& PackSet::pack(PackId id) const { return packs_.at(id)->entry; }
+
+absl::Status PackSet::failure(PackId id) const {
+  const OpenPack& p = *packs_.at(id);
+  if (!p.failed.load(std::memory_order_acquire)) return absl::OkStatus();
+  std::lock_guard lock(p.mu);
+  return p.failure;
+}
+
+std::vector<PackId> PackSet::CheckFiles() const {
+  std::vector<PackId> newly;
+  for (PackId id = 0; id < packs_.size(); ++id) {
+    const OpenPack& p = *packs_[id];
+    if (p.failed.load(std::memory_order_acquire)) continue;
+    absl::Status why;
+    struct stat at {};
+    struct stat open_st {};
+    dev_t dev;
+    ino_t ino;
+    {
+      std::lock_guard lock(p.mu);  // Reopen changes them
+      dev = p.dev;
+      ino = p.ino;
+    }
+    if (::stat(p.entry.path.c_str(), &at) != 0) {
+      why = ErrnoError(ErrorKind::kMissingFile,
+                       absl::StrCat(p.Name(), ": its path no longer names a file"), errno);
+    } else if (at.st_dev != dev || at.st_ino != ino) {
+      why = absl::FailedPreconditionError(absl::StrCat(
+          p.Name(), ": replaced since it was opened (inode ", at.st_ino, ", was ", ino,
+          "); put the file back and reload (SIGHUP), or restart to serve the new one"));
+    } else if (::fstat(p.fd.get(), &open_st) == 0 &&
+               static_cast<uint64_t>(open_st.st_size) < p.entry.size) {
+      why = DataError(ErrorKind::kTruncated,
+                      absl::StrCat(p.Name(), ": truncated to ", open_st.st_size, " bytes (it had ",
+                                   p.entry.size, " at open); put the file back and reload (SIGHUP)"));
+    } else {
+      const int probe = ::open(p.entry.path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (probe < 0) {
+        why = ErrnoError(ErrorKind::kIo, absl::StrCat(p.Name(), ": can no longer be opened"),
+                         errno);
+      } else {
+        ::close(probe);
+      }
+    }
+    if (why.ok()) continue;
+    MarkFailed(p, why);
+    newly.push_back(id);
+  }
+  return newly;
+}
+
+absl::Status PackSet::Reopen(PackId id) {
+  OpenPack& p = *packs_.at(id);
+  if (!p.failed.load(std::memory_order_acquire)) return absl::OkStatus();
+  const auto refuse = [&](std::string_view why) {
+    return absl::FailedPreconditionError(absl::StrCat(p.Name(), ": not served again: ", AV(why)));
+  };
+  UniqueFd fd(::open(p.entry.path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return refuse(absl::StrCat("cannot open it: ", std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return refuse("not a regular file");
+  if (static_cast<uint64_t>(st.st_size) != p.entry.size) {
+    return refuse(absl::StrCat("it has ", st.st_size, " bytes, the file served had ",
+                               p.entry.size, "; restart the daemon to serve another file"));
+  }
+  absl::StatusOr<uint64_t> fp = Fingerprint(fd.get(), p.entry.size, p.Name());
+  if (!fp.ok()) return refuse(std::string(fp.status().message()));
+  if (*fp != p.fingerprint) {
+    return refuse("its first MiB differs from the file served: another file; restart the "
+                  "daemon to serve it");
+  }
+  UniqueFd direct;
+  if (p.direct_fd.get() >= 0) {
+    direct = UniqueFd(::open(p.entry.path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT));
+    if (direct.get() < 0) return refuse(absl::StrCat("O_DIRECT open: ", std::strerror(errno)));
+  }
+  if (p.map != nullptr &&
+      ::mmap(p.map, p.entry.size, PROT_READ, MAP_SHARED | MAP_FIXED, fd.get(), 0) == MAP_FAILED) {
+    return refuse(absl::StrCat("mmap: ", std::strerror(errno)));
+  }
+  // Readers use the descriptor numbers concurrently: dup2 swaps the file under them at once.
+  if (::dup2(fd.get(), p.fd.get()) < 0 ||
+      (direct.get() >= 0 && ::dup2(direct.get(), p.direct_fd.get()) < 0)) {
+    return refuse(absl::StrCat("dup2: ", std::strerror(errno)));
+  }
+  std::lock_guard lock(p.mu);
+  p.dev = st.st_dev;
+  p.ino = st.st_ino;
+  p.failure = absl::OkStatus();
+  p.failed.store(false, std::memory_order_release);
+  return absl::OkStatus();
+}
 
 bool PackSet::failed(PackId id) const {
   return packs_.at(id)->failed.load(std::memory_order_acquire);

@@ -120,8 +120,9 @@ class ReadScratch {
   uint64_t align_ = 0;
 };
 
-// The open packs. Immutable after Open except for counters and the failed marks, so all const
-// methods may be called from any thread. Owns every file descriptor and mapping; must outlive
+// The open packs. Immutable after Open except for counters, the failed marks and Reopen (which
+// swaps a failed pack's file in place under the same descriptor numbers and mapping address),
+// so all const methods may be called from any thread. Owns every file descriptor and mapping; must outlive
 // the reader pools that read from it.
 class PackSet {
  public:
@@ -150,7 +151,22 @@ class PackSet {
   absl::Status Read(PackId id, uint64_t offset, std::span<uint8_t> out) const;
 
   bool failed(PackId id) const;
+  // Why pack `id` failed (OK while it has not).
+  absl::Status failure(PackId id) const;
   PackStats stats(PackId id) const;
+
+  // Whether each pack's path still names the file that was opened, whole: a path that is gone
+  // or cannot be opened any more, that names another file (replaced: a new inode), or a file
+  // shorter than at open (truncated) marks the pack failed with that reason, naming the pack.
+  // Every read of a failed pack returns the failure. Returns the packs newly marked failed by
+  // this call (one stat and one open per pack; cheap enough to call every few seconds).
+  std::vector<PackId> CheckFiles() const;
+  // A failed pack, once its file is back: opens its path again and, when the file there has
+  // the size and the fingerprint (a hash of its first MiB) of the one opened at first, serves
+  // from it (the descriptors are swapped in place with dup2, a mapping with MAP_FIXED) and
+  // clears the failure. FailedPrecondition, naming the pack, when the file is not back or is
+  // another one; the pack then stays failed.
+  absl::Status Reopen(PackId id);
   // The whole-file read-only mapping of a pack read with method kMmap; empty for the others.
   // Lives as long as the PackSet. A device may register it as staging (the direct path).
   std::span<const uint8_t> mapping(PackId id) const;

@@ -30,6 +30,7 @@ namespace {
 
 using ::expertd::testing::IsError;
 using ::expertd::testing::TempDir;
+using ::expertd::testing::WriteFile;
 using namespace ::expertd::reader_test;  // NOLINT(google-build-using-namespace): shared helpers
 
 // ---------------------------------------------------------------------------------------------
@@ -279,6 +280,71 @@ TEST_P(ReaderConformance, EmptyPack) {
   EXPECT_TRUE((*set)->Read(0, 0, std::span(&byte, 0)).ok());
   EXPECT_TRUE(IsError((*set)->Read(0, 0, std::span(&byte, 1)), absl::StatusCode::kOutOfRange,
                       ErrorKind::kOutOfBounds, {path}));
+}
+
+// A pack file changed under the open set: truncated in place, replaced by a new file,
+// removed. CheckFiles marks it failed with the reason, reads return it, and Reopen serves it
+// again once the same file is back, never another one.
+TEST_P(ReaderConformance, FilesChangedUnderTheSetAreNoticedAndReopened) {
+  const size_t size = (3u << 20) + 4096;
+  const std::string path = MakePack(dir_, "p.bin", size, 11);
+  const std::string original = Content(size, 11);
+  auto set = OpenOne(path);
+  ASSERT_TRUE(set.ok()) << set.status();
+  if (FellBack(**set)) GTEST_SKIP() << reason_;
+  PackSet& packs = **set;
+  std::vector<uint8_t> buf(8192);
+  const auto read_ok = [&](uint64_t at) {
+    absl::Status st = packs.Read(0, at, std::span<uint8_t>(buf));
+    return st.ok() && AsString(buf.data(), buf.size()) == original.substr(at, buf.size());
+  };
+  EXPECT_TRUE(packs.CheckFiles().empty());
+  EXPECT_TRUE(read_ok(size - 8192));
+
+  // Truncated in place.
+  ASSERT_EQ(truncate(path.c_str(), size / 2), 0);
+  EXPECT_EQ(packs.CheckFiles(), std::vector<PackId>{0});
+  EXPECT_TRUE(packs.failed(0));
+  EXPECT_NE(packs.failure(0).message().find("truncated to"), std::string::npos) << packs.failure(0);
+  EXPECT_NE(packs.failure(0).message().find(path), std::string::npos);
+  absl::Status st = packs.Read(0, 0, std::span<uint8_t>(buf));  // even below the cut
+  EXPECT_EQ(st, packs.failure(0));
+  EXPECT_TRUE(packs.CheckFiles().empty());  // reported once
+  EXPECT_FALSE(packs.Reopen(0).ok());        // not back yet: still short
+  WriteFile(path, original);                 // back, in place
+  ASSERT_TRUE(packs.Reopen(0).ok());
+  EXPECT_FALSE(packs.failed(0));
+  EXPECT_TRUE(read_ok(size - 8192));
+  EXPECT_TRUE(packs.CheckFiles().empty());
+
+  // Replaced by a new file (a new inode) with the same bytes: noticed, and served again.
+  const std::string copy = dir_.File("copy.bin");
+  WriteFile(copy, original);
+  ASSERT_EQ(rename(copy.c_str(), path.c_str()), 0);
+  EXPECT_EQ(packs.CheckFiles(), std::vector<PackId>{0});
+  EXPECT_NE(packs.failure(0).message().find("replaced"), std::string::npos) << packs.failure(0);
+  ASSERT_TRUE(packs.Reopen(0).ok());
+  EXPECT_TRUE(read_ok(4096));
+  EXPECT_TRUE(packs.CheckFiles().empty());  // the new inode is the one served now
+
+  // Another file of the same size, or of another size: never served in its place.
+  WriteFile(copy, Content(size, 12));
+  ASSERT_EQ(rename(copy.c_str(), path.c_str()), 0);
+  EXPECT_EQ(packs.CheckFiles(), std::vector<PackId>{0});
+  absl::Status other = packs.Reopen(0);
+  EXPECT_NE(other.message().find("another file"), std::string::npos) << other;
+  WriteFile(path, original + "x");
+  other = packs.Reopen(0);
+  EXPECT_NE(other.message().find("bytes"), std::string::npos) << other;
+  EXPECT_TRUE(packs.failed(0));
+
+  // Removed.
+  WriteFile(path, original);
+  ASSERT_TRUE(packs.Reopen(0).ok());
+  ASSERT_EQ(unlink(path.c_str()), 0);
+  EXPECT_EQ(packs.CheckFiles(), std::vector<PackId>{0});
+  EXPECT_NE(packs.failure(0).message().find("no longer names a file"), std::string::npos)
+      << packs.failure(0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Methods, ReaderConformance,
