@@ -133,8 +133,19 @@ echo "quiet session: $alone cycles in 3 s alone, $beside beside the flood ($floo
 [ $((beside * 200)) -ge "$alone" ] && [ "$beside" -ge 100 ] ||
   fail "the quiet session starved: $beside vs $alone alone"
 echo "== 6. a stream session whose client never reads"
-# 400,000 answers (~30 MB) are more than any HTTP/2 window and socket buffers can hold.
+# 400,000 answers (~30 MB) are more than any HTTP/2 window and socket buffers can hold. The
+# daemon's resident memory is sampled meanwhile: what the deaf client costs must stay bounded.
+rss() { awk '/^VmRSS:/ {print $2}' "/proc/$daemon/status"; }
+rss_before=$(rss)
+( while kill -0 "$daemon" 2> /dev/null; do rss; sleep 0.02; done > "$work/rss.txt" ) &
+sampler=$!
 "$lane_client" deaf "$addr" 400000 || fail "the deaf stream session was not bounded"
+kill "$sampler" 2> /dev/null || true
+wait "$sampler" 2> /dev/null || true
+rss_peak=$(sort -n "$work/rss.txt" | tail -1)
+echo "daemon RSS: $((rss_before / 1024)) MiB before, peak $((rss_peak / 1024)) MiB while 400,000 requests went unread ($(wc -l < "$work/rss.txt") samples)"
+[ $((rss_peak - rss_before)) -lt $((64 * 1024)) ] ||
+  fail "the deaf client cost the daemon $(((rss_peak - rss_before) / 1024)) MiB (bound: 64 MiB)"
 grep -q "does not read it" "$work/daemon.log" || fail "the daemon did not log the deaf client"
 for _ in $(seq 1 100); do
   "$session_client" leases "$addr" | grep -q "sessions 0 " && break

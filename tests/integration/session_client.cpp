@@ -311,6 +311,48 @@ int Bad(const std::string& addr) {
     ExpectCode(absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message()),
                absl::StatusCode::kNotFound, "unknown session", "attach unknown session");
   }
+  // Messages at the size limit (limits.max_message_bytes, 4 MiB): just under it, an acquire
+  // is refused by the acquire rules and the stream goes on; just over it, gRPC refuses the
+  // message and the stream ends with RESOURCE_EXHAUSTED.
+  {
+    auto stub = expertd::v1::Expertd::NewStub(
+        grpc::CreateChannel(expertd::client::ChannelTarget(addr), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext octx;
+    expertd::v1::OpenSessionRequest open;
+    open.set_model("demo");
+    open.set_client_name("size-limit");
+    open.set_transport(expertd::v1::TRANSPORT_STREAM);
+    expertd::v1::OpenSessionResponse opened;
+    Check(stub->OpenSession(&octx, open, &opened).ok(), "open for the size-limit checks");
+    grpc::ClientContext ctx;
+    auto stream = stub->Session(&ctx);
+    expertd::v1::SessionRequest attach;
+    attach.mutable_attach()->set_session_id(opened.session_id());
+    expertd::v1::SessionResponse resp;
+    Check(stream->Write(attach) && stream->Read(&resp) && resp.has_attached(), "attach");
+    const auto acquire_of = [&](uint64_t seq, size_t bytes) {  // `bytes` serialized, or just over
+      expertd::v1::SessionRequest req;
+      req.mutable_acquire()->set_seq(seq);
+      req.mutable_acquire()->set_layer(layer0);
+      auto* experts = req.mutable_acquire()->mutable_experts();
+      experts->Resize(static_cast<int>(bytes - 64), 1);  // one byte each, packed
+      while (req.ByteSizeLong() < bytes) experts->Add(1);
+      return req;
+    };
+    const size_t limit = size_t{4} << 20;
+    Check(stream->Write(acquire_of(1, limit - 1024)) && stream->Read(&resp) && resp.has_error(),
+          "an answer to an acquire just under the size limit");
+    ExpectCode(absl::Status(static_cast<absl::StatusCode>(resp.error().code()),
+                            resp.error().message()),
+               absl::StatusCode::kInvalidArgument, "per acquire", "acquire just under 4 MiB");
+    stream->Write(acquire_of(2, limit + 1024));
+    while (stream->Read(&resp)) {
+    }
+    grpc::Status st = stream->Finish();
+    ExpectCode(absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message()),
+               absl::StatusCode::kResourceExhausted, "", "a message over 4 MiB");
+  }
+
   auto again = session->Acquire(layer0, e01);
   Check(again.ok(), "the session works after the refused second stream");
   Check(session->Release(*again).ok(), "release");
