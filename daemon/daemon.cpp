@@ -65,7 +65,7 @@ LaneOptions LanesFrom(const DaemonConfig& config) {
   o.spin = absl::Microseconds(config.lane.spin_us);
   o.geometry.request_bytes = config.lane.request_ring_bytes;
   o.geometry.response_bytes = config.lane.response_ring_bytes;
-  o.shm.shm_prefix = "expertd-lane";  // "/expertd-lane-<pid>-<n>"
+  o.shm.shm_prefix = "expertd-lane";  // "/expertd-lane-<pid>-<n>-<random>"
   // Like the arenas: clients of other users reach their lane through the daemon's group.
   const bool others = !config.listen.allowed_uids.empty() || !config.listen.allowed_gids.empty();
   o.shm.shm_mode = others ? 0660 : 0600;

@@ -1,6 +1,6 @@
 // Shared-memory names that dead daemons left behind. The host device's arenas and fence tables
-// ("/expertd-<pid>-<pid>-<n>") and the session lanes ("/expertd-lane-<pid>-<n>") are POSIX shm
-// names that the daemon removes when it ends normally; a daemon that was killed (SIGKILL, OOM,
+// ("/expertd-<pid>-<pid>-<n>-<random>") and the session lanes
+// ("/expertd-lane-<pid>-<n>-<random>") are POSIX shm names that the daemon removes when it ends normally; a daemon that was killed (SIGKILL, OOM,
 // abort) cannot, and its slot arenas are most of the machine's memory it used. At start the
 // daemon removes every such name whose owner process no longer exists. Names whose pid is alive
 // are left alone, even when the pid was reused by another program (a rare leak, never a name

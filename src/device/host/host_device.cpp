@@ -112,7 +112,9 @@ class HostDevice final : public Device {
   absl::StatusOr<std::unique_ptr<Arena>> AllocateArena(uint64_t bytes,
                                                        std::string_view label) override {
     ASSIGN_OR_RETURN(const uint64_t reserved, ArenaReservedBytes(bytes, caps_.max_arena_bytes));
-    ASSIGN_OR_RETURN(SharedMemory memory, SharedMemory::Create(options_, label, reserved));
+    // Clients only read arenas: the object gives them no write access, whatever shm_mode says.
+    ASSIGN_OR_RETURN(SharedMemory memory,
+                     SharedMemory::Create(options_, label, reserved, /*clients_write=*/false));
     return std::make_unique<HostArena>(this, std::string(label), bytes, reserved,
                                        std::move(memory));
   }

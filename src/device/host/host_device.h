@@ -19,7 +19,8 @@ namespace expertd {
 
 struct HostDeviceOptions {
   // How arenas and fence tables are created. kShmOpen: a POSIX shm object named
-  // "/<shm_prefix>-<pid>-<n>", unlinked when the object is destroyed (a client maps it by name).
+  // "/<shm_prefix>-<pid>-<n>-<random hex>", unlinked when the object is destroyed (a client
+  // maps it by name); arenas without write access for anyone but the owner.
   // kMemfd: an anonymous memfd, sealed against resizing (a client maps /proc/<pid>/fd/<fd>, or
   // an fd received over a Unix socket). Either way the memory lives until the last mapping goes.
   enum class Backing { kShmOpen, kMemfd };

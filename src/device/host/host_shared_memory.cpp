@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -104,16 +105,26 @@ uint64_t PageSize() { return static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)); }
 uint64_t PhysicalMemory() { return static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * PageSize(); }
 
 absl::StatusOr<SharedMemory> SharedMemory::Create(const HostDeviceOptions& options,
-                                                  std::string_view label, uint64_t bytes) {
+                                                  std::string_view label, uint64_t bytes,
+                                                  bool clients_write) {
   SharedMemory m;
   std::string what;
   if (options.backing == HostDeviceOptions::Backing::kShmOpen) {
-    what = absl::StrCat("/", options.shm_prefix, "-", ::getpid(), "-", g_shm_serial++);
-    m.fd_ = UniqueFd(::shm_open(what.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-    if (m.fd_.get() < 0) return SysError("shm_open", what, errno);
+    for (int attempt = 0;; ++attempt) {
+      uint64_t nonce = 0;
+      if (::getrandom(&nonce, sizeof nonce, 0) != static_cast<ssize_t>(sizeof nonce)) {
+        return SysError("getrandom", "a shared-memory name", errno);
+      }
+      what = absl::StrCat("/", options.shm_prefix, "-", ::getpid(), "-", g_shm_serial++, "-",
+                          absl::Hex(nonce, absl::kZeroPad16));
+      m.fd_ = UniqueFd(::shm_open(what.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+      if (m.fd_.get() >= 0) break;
+      if (errno != EEXIST || attempt == 7) return SysError("shm_open", what, errno);
+    }
     m.name_ = ShmName(what);
     // shm_open's mode is filtered by the umask; the configured mode is what the operator wants.
-    if (::fchmod(m.fd_.get(), options.shm_mode) != 0) return SysError("fchmod", what, errno);
+    const uint32_t mode = clients_write ? options.shm_mode : options.shm_mode & ~0022u;
+    if (::fchmod(m.fd_.get(), mode) != 0) return SysError("fchmod", what, errno);
   } else {
     const std::string name = absl::StrCat(options.shm_prefix, ":", AV(label)).substr(0, 240);
     what = absl::StrCat("memfd:", name);

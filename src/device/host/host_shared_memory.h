@@ -69,9 +69,13 @@ uint64_t PhysicalMemory();
 class SharedMemory {
  public:
   // A new object of exactly `bytes` bytes, a named shm object or a memfd per `options.backing`
-  // (`label` names a memfd). Errors carry the call, the name and strerror.
+  // (`label` names a memfd). A named object has mode `options.shm_mode`, without the group's
+  // and others' write bits unless `clients_write` (arenas: clients only read them). Its name
+  // ends in 64 random bits, so that nobody can create it first (a name taken anyway is
+  // skipped). Errors carry the call, the name and strerror.
   static absl::StatusOr<SharedMemory> Create(const HostDeviceOptions& options,
-                                             std::string_view label, uint64_t bytes);
+                                             std::string_view label, uint64_t bytes,
+                                             bool clients_write = true);
 
   uint8_t* data() const { return map_.data(); }
   uint64_t bytes() const { return map_.bytes(); }
