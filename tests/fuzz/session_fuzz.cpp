@@ -11,7 +11,7 @@
 //   4 k m ...    release on k: a lease this session was granted (after signalling done for
 //                its slots, or without), one of another session's, or any u64
 //   5 k          end session k (its stream closed)
-//   6 d          one reaper pass at now + d seconds
+//   6 d          one reaper pass at now + d seconds, once every acquire sent was answered
 //   7            wait until every attached session got an answer to each acquire
 // Checks, beyond "no crash, no sanitizer report": every acquire of an attached, live session is
 // answered exactly once (a grant or an error with a known code and a message), within 10 s; a
@@ -336,6 +336,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (d >= 10) {  // past attach_timeout: unattached sessions may go
           for (Slot& each : slots) each.maybe_reaped |= each.session && !each.attached;
         }
+        // Time passes: the grants in flight arrive first. (A pass that ran between a grant's
+        // lease entering the session and its message leaving would need lease_ttl, a minute,
+        // to pass within those microseconds.)
+        for (Slot& each : slots) WaitAnswers(each);
         w.registry->ReapOnce(absl::Now() + absl::Seconds(d));
         break;
       }
