@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# The daemon killed with SIGKILL while a client holds a lease and keeps acquiring
-# (tests/integration/lane_client.cpp, mode survive):
+# The daemon killed with SIGKILL while two clients, one on the C++ API and one on the C API,
+# each hold a lease and keep acquiring (tests/integration/lane_client.cpp, modes survive and
+# survive-c):
 #  1. the client's next call fails with UNAVAILABLE within 1 s of the kill, and the lease it
 #     still holds stays readable with the right bytes (no SIGBUS);
 #  2. the killed daemon's shared-memory names are left in /dev/shm (the leak this guards
 #     against), and the next daemon's start removes them, and any other name of a process that
 #     no longer exists, but keeps names of live processes; it logs what it removed;
-#  3. the same client process opens a session on the new daemon and verifies a lease.
+#  3. the same client processes open a session on the new daemon and verify a lease; once they
+#     close their sessions, none of their shared-memory mappings or descriptors is left.
 #   daemon_crash.sh EXPERTD LANE_CLIENT
 set -euo pipefail
 expertd=$1 lane_client=$2
 work=$(mktemp -d)
-daemon= client=
+daemon= client= cclient=
 live_name=/dev/shm/expertd-$$-test-live
 cleanup() {
   [ -n "$client" ] && kill -9 "$client" 2> /dev/null || true
+  [ -n "$cclient" ] && kill -9 "$cclient" 2> /dev/null || true
   [ -n "$daemon" ] && kill -9 "$daemon" 2> /dev/null || true
   rm -f "$live_name"
   rm -rf "$work"
@@ -44,8 +47,12 @@ first=$daemon
 gguf=$XDG_CACHE_HOME/expertd/demo/model.gguf
 "$lane_client" survive "$addr" "$gguf" > "$work/client.txt" 2>&1 &
 client=$!
-for _ in $(seq 1 200); do grep -q holding "$work/client.txt" && break; sleep 0.05; done
-grep -q holding "$work/client.txt" || { cat "$work/client.txt"; fail "the client did not start"; }
+"$lane_client" survive-c "$addr" > "$work/cclient.txt" 2>&1 &
+cclient=$!
+for f in client cclient; do
+  for _ in $(seq 1 200); do grep -q holding "$work/$f.txt" && break; sleep 0.05; done
+  grep -q holding "$work/$f.txt" || { cat "$work/$f.txt"; fail "the $f did not start"; }
+done
 sleep 0.5
 
 echo "== 1. kill -9 of the daemon while the client acquires"
@@ -53,15 +60,18 @@ killed_at=$(date +%s.%N)
 kill -9 "$first"
 wait "$first" 2> /dev/null || true
 daemon=
-for _ in $(seq 1 100); do grep -q "^failed" "$work/client.txt" && break; sleep 0.05; done
-line=$(grep "^failed" "$work/client.txt") || { cat "$work/client.txt"; fail "no call failed"; }
-echo "client: $line"
-failed_at=$(echo "$line" | awk '{print $2}')
-delay=$(awk -v a="$killed_at" -v b="$failed_at" 'BEGIN {printf "%.3f", b - a}')
-echo "the first call failed $delay s after the kill"
-awk -v d="$delay" 'BEGIN {exit !(d <= 1.0)}' || fail "failed $delay s after the kill (limit 1 s)"
-echo "$line" | grep -q "^failed [0-9.]* 14 " || fail "not UNAVAILABLE (14): $line"
+for f in client cclient; do
+  for _ in $(seq 1 100); do grep -q "^failed" "$work/$f.txt" && break; sleep 0.05; done
+  line=$(grep "^failed" "$work/$f.txt") || { cat "$work/$f.txt"; fail "no call of the $f failed"; }
+  echo "$f: $line"
+  failed_at=$(echo "$line" | awk '{print $2}')
+  delay=$(awk -v a="$killed_at" -v b="$failed_at" 'BEGIN {printf "%.3f", b - a}')
+  echo "the $f's first call failed $delay s after the kill"
+  awk -v d="$delay" 'BEGIN {exit !(d <= 1.0)}' || fail "the $f failed $delay s after the kill (limit 1 s)"
+  echo "$line" | grep -q "^failed [0-9.]* 14 " || fail "not UNAVAILABLE (14): $line"
+done
 kill -0 "$client" 2> /dev/null || { cat "$work/client.txt"; fail "the client died (the held lease was not readable?)"; }
+kill -0 "$cclient" 2> /dev/null || { cat "$work/cclient.txt"; fail "the C client died"; }
 
 echo "== 2. what the killed daemon left, and the next start"
 left=$(ls /dev/shm | grep -cE "^expertd-(lane-)?$first-" || true)
@@ -82,11 +92,15 @@ grep -q "removed $((left + 1)) shared-memory object(s)" "$work/daemon.log" ||
   fail "the daemon did not log the $((left + 1)) names it removed"
 grep "removed .* shared-memory" "$work/daemon.log"
 
-echo "== 3. the same client process on the new daemon"
-for _ in $(seq 1 400); do grep -q recovered "$work/client.txt" && break; sleep 0.05; done
-wait "$client" || { cat "$work/client.txt"; fail "client exit $?"; }
+echo "== 3. the same client processes on the new daemon; nothing of the old ones left"
+rc=0; wait "$client" || rc=$?
 client=
+[ $rc -eq 0 ] || { cat "$work/client.txt"; fail "client exit $rc"; }
 grep -q recovered "$work/client.txt" || fail "the client did not recover"
+rc=0; wait "$cclient" || rc=$?
+cclient=
+[ $rc -eq 0 ] || { cat "$work/cclient.txt"; fail "C client exit $rc"; }
+grep -q recovered "$work/cclient.txt" || fail "the C client did not recover"
 kill -TERM "$daemon"
 wait "$daemon" || fail "daemon exit $? after SIGTERM"
 daemon=

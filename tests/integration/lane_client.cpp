@@ -22,11 +22,16 @@
 //                                         seconds); checks the held lease's bytes are still
 //                                         readable and right; then waits up to 60 s for a
 //                                         daemon at ADDR again and verifies a lease of a new
-//                                         session in this same process; prints "recovered"
+//                                         session in this same process; prints "recovered".
+//                                         Once each client is closed, none of its shared-memory
+//                                         mappings and no descriptor of it is left
+//   survive-c ADDR                        the same through the C API (expertd_client.h)
 // Every check prints what failed and exits 1.
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -39,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "catalog/catalog.h"
 #include "client.h"
+#include "expertd_client.h"
 #include "device/host/host_device.h"
 #include "expertd/v1/service.grpc.pb.h"
 #include "format/gguf_model.h"
@@ -316,8 +322,44 @@ int Deaf(const std::string& addr, int n) {
   return 0;
 }
 
+// Mappings of the daemon's shared-memory objects in this process, and open descriptors.
+int ShmMappings() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find("/dev/shm/expertd-") != std::string::npos;
+  return n;
+}
+// Descriptors a session could leave: sockets, shared-memory objects, memfds, pidfds. (gRPC's
+// pollers, epoll and eventfd, are its own and grow with its channel history.)
+int OpenFds(std::string* list = nullptr) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (target.rfind("socket:", 0) == 0 || target.find("/dev/shm/") != std::string::npos ||
+        target.find("memfd:") != std::string::npos || target.find("pidfd") != std::string::npos) {
+      ++n;
+      if (list != nullptr) absl::StrAppend(list, " ", e.path().filename().string(), "->", target);
+    }
+  }
+  return n;
+}
+// Once a client and its sessions are closed: nothing of them is left (`fds` open before).
+void ExpectNothingLeft(int fds, const char* when) {
+  if (const int m = ShmMappings(); m != 0) {
+    Die(absl::StrCat(when, ": ", m, " mappings of the daemon's shared memory are left"));
+  }
+  std::string open;
+  if (const int now = OpenFds(&open); now > fds) {
+    Die(absl::StrCat(when, ": ", now, " socket, shared-memory or pidfd descriptors open, ", fds,
+                     " before the client:", open));
+  }
+}
+
 int Survive(const std::string& addr, const std::string& gguf) {
   ModelFile file(gguf);
+  Connect(addr).reset();  // gRPC's own process-wide descriptors exist from the first channel on
+  const int fds = OpenFds();
   auto client = Connect(addr);
   auto session = Open(*client, SessionOptions::Transport::kAuto, "survive");
   const uint32_t held_experts[] = {0, 1};
@@ -342,6 +384,11 @@ int Survive(const std::string& addr, const std::string& gguf) {
   std::fflush(stdout);
   if (failure.code() != absl::StatusCode::kUnavailable) Die("the failure is not UNAVAILABLE");
   file.Verify(*held);  // the mapping outlives the daemon: no SIGBUS
+  if (ShmMappings() == 0) Die("no mapping of the daemon's shared memory seen: the check is blind");
+  held = absl::CancelledError("dropped");
+  session.reset();
+  client.reset();
+  ExpectNothingLeft(fds, "the dead daemon's session closed");
   // A new daemon at the same address; a new session in this process.
   std::unique_ptr<Client> again;
   for (int tries = 0; tries < 600 && !again; ++tries) {
@@ -357,6 +404,87 @@ int Survive(const std::string& addr, const std::string& gguf) {
   if (!lease.ok()) Die(lease.status().ToString());
   file.Verify(*lease);
   if (auto st = fresh->Release(*lease); !st.ok()) Die(st.ToString());
+  lease = absl::CancelledError("dropped");
+  fresh.reset();
+  again.reset();
+  ExpectNothingLeft(fds, "the new daemon's session closed");
+  std::printf("recovered\n");
+  return 0;
+}
+
+// The C API's part: the same steps as Survive (bytes checked by a checksum of the held lease
+// taken before and after the daemon died).
+int SurviveC(const std::string& addr) {
+  const auto check = [](EXPERTD_Error* e, const char* what) {
+    if (e == nullptr) return;
+    const std::string m = absl::StrCat(what, ": ", EXPERTD_ErrorMessage(e));
+    EXPERTD_ErrorDelete(e);
+    Die(m);
+  };
+  EXPERTD_Client* client = nullptr;
+  check(EXPERTD_ClientNew(&client, addr.c_str(), nullptr), "connect");
+  check(EXPERTD_ClientDelete(client), "close");  // gRPC's process-wide descriptors, as above
+  const int fds = OpenFds();
+  check(EXPERTD_ClientNew(&client, addr.c_str(), nullptr), "connect");
+  EXPERTD_Session* session = nullptr;
+  check(EXPERTD_SessionNew(&session, client, "demo", "survive-c"), "open");
+  const uint32_t held_experts[] = {0, 1};
+  EXPERTD_Lease* held = nullptr;
+  check(EXPERTD_SessionAcquire(session, 0, held_experts, 2, 30000, &held), "acquire");
+  const auto sum = [&] {
+    uint64_t h = 0;
+    const void* data = nullptr;
+    uint64_t bytes = 0;
+    check(EXPERTD_LeaseProjection(held, 1, 0, &data, &bytes), "projection");
+    h = expertd::Xxh3(std::span<const uint8_t>(static_cast<const uint8_t*>(data), bytes));
+    return h;
+  };
+  const uint64_t before = sum();
+  std::printf("holding\n");
+  std::fflush(stdout);
+  EXPERTD_Error* failure = nullptr;
+  for (uint32_t i = 0; failure == nullptr; ++i) {
+    const uint32_t experts[] = {2 + i % 6};
+    EXPERTD_Lease* lease = nullptr;
+    failure = EXPERTD_SessionAcquire(session, 1 + i % 4, experts, 1, 5000, &lease);
+    if (failure == nullptr) failure = EXPERTD_SessionRelease(session, lease);
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  const int code = EXPERTD_ErrorCode(failure);
+  std::printf("failed %.3f %d %s\n", absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()),
+              code, EXPERTD_ErrorMessage(failure));
+  std::fflush(stdout);
+  EXPERTD_ErrorDelete(failure);
+  if (code != EXPERTD_ERROR_UNAVAILABLE) Die("the failure is not UNAVAILABLE");
+  if (sum() != before) Die("the held lease's bytes changed after the daemon died");
+  if (ShmMappings() == 0) Die("no mapping of the daemon's shared memory seen: the check is blind");
+  EXPERTD_ErrorDelete(EXPERTD_LeaseDelete(held));
+  check(EXPERTD_SessionDelete(session), "close the session");
+  check(EXPERTD_ClientDelete(client), "close the client");
+  ExpectNothingLeft(fds, "the dead daemon's session closed (C)");
+  session = nullptr;
+  for (int tries = 0; tries < 600 && session == nullptr; ++tries) {
+    EXPERTD_Client* c = nullptr;
+    if (EXPERTD_Error* e = EXPERTD_ClientNewWithTimeout(&c, addr.c_str(), nullptr, 100)) {
+      EXPERTD_ErrorDelete(e);
+      continue;
+    }
+    if (EXPERTD_Error* e = EXPERTD_SessionNew(&session, c, "demo", "survive-c-again")) {
+      EXPERTD_ErrorDelete(e);
+      session = nullptr;
+      check(EXPERTD_ClientDelete(c), "close a client");
+      absl::SleepFor(absl::Milliseconds(100));
+      continue;
+    }
+    client = c;
+  }
+  if (session == nullptr) Die("no daemon came back within 60 s");
+  EXPERTD_Lease* lease = nullptr;
+  check(EXPERTD_SessionAcquire(session, 0, held_experts, 2, 30000, &lease), "acquire again");
+  check(EXPERTD_SessionRelease(session, lease), "release again");
+  check(EXPERTD_SessionDelete(session), "close again");
+  check(EXPERTD_ClientDelete(client), "close the client again");
+  ExpectNothingLeft(fds, "the new daemon's session closed (C)");
   std::printf("recovered\n");
   return 0;
 }
@@ -370,6 +498,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "garbage" && argc == 3) return Garbage(argv[2]);
   if (mode == "survive" && argc == 4) return Survive(argv[2], argv[3]);
+  if (mode == "survive-c" && argc == 3) return SurviveC(argv[2]);
   if (mode == "deaf" && argc == 4) return Deaf(argv[2], std::atoi(argv[3]));
   if (mode == "stuff" && argc == 4) return Stuff(argv[2], std::atoi(argv[3]));
   if (mode == "idle" && argc == 5) return Idle(argv[2], std::atoi(argv[3]), std::atof(argv[4]));
