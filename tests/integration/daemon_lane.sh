@@ -144,8 +144,11 @@ kill "$sampler" 2> /dev/null || true
 wait "$sampler" 2> /dev/null || true
 rss_peak=$(sort -n "$work/rss.txt" | tail -1)
 echo "daemon RSS: $((rss_before / 1024)) MiB before, peak $((rss_peak / 1024)) MiB while 400,000 requests went unread ($(wc -l < "$work/rss.txt") samples)"
-[ $((rss_peak - rss_before)) -lt $((64 * 1024)) ] ||
-  fail "the deaf client cost the daemon $(((rss_peak - rss_before) / 1024)) MiB (bound: 64 MiB)"
+# The bound holds for the plain build; scripts/sanitize raises it (AddressSanitizer keeps freed
+# memory resident in its quarantine).
+bound=${EXPERTD_TEST_RSS_BOUND_MIB:-64}
+[ $((rss_peak - rss_before)) -lt $((bound * 1024)) ] ||
+  fail "the deaf client cost the daemon $(((rss_peak - rss_before) / 1024)) MiB (bound: $bound MiB)"
 grep -q "does not read it" "$work/daemon.log" || fail "the daemon did not log the deaf client"
 for _ in $(seq 1 100); do
   "$session_client" leases "$addr" | grep -q "sessions 0 " && break
