@@ -129,8 +129,8 @@ struct Daemon {
   }
 
   // Packs whose files changed under the daemon: logged once each, and the model's health turns
-  // NOT_SERVING (`serving`: the daemon's own state).
-  void CheckPacks(bool serving) {
+  // NOT_SERVING.
+  void CheckPacks() {
     bool changed = false;
     for (const auto& m : models) {
       for (const std::string& why : m->CheckPacks()) {
@@ -139,7 +139,7 @@ struct Daemon {
         changed = true;
       }
     }
-    if (changed) SetHealth(serving);
+    if (changed) SetHealth(state.serving);
   }
 
   // Stops serving in a fixed order: listeners, then the gRPC server (its Session streams end,
@@ -396,7 +396,7 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
       }
     }
     if (!device_health.ok()) break;
-    d.CheckPacks(d.state.serving);
+    d.CheckPacks();
     if (sig == 0) continue;
     if (sig == SIGHUP) {
       manager.Reloading();

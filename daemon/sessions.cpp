@@ -100,6 +100,7 @@ Session::Session(SessionRegistry* registry, std::string id, ServedModel* model, 
       client_name_(std::move(client_name)),
       opened_at_(absl::Now()),
       pidfd_(OpenPidfd(peer.pid)),
+      slot_bound_(SlotsPerSession(registry->limits(), *model)),
       last_request_(opened_at_) {}
 
 uint32_t SlotsPerSession(const SessionLimits& limits, const ServedModel& model) {
@@ -173,7 +174,6 @@ void Session::Acquire(const v1::Acquire& request) {
     }
   }
   const uint64_t n = static_cast<uint64_t>(request.experts_size());
-  const uint32_t slot_bound = SlotsPerSession(limits, *model_);
   bool over = false;
   uint64_t held = 0;
   {
@@ -182,7 +182,7 @@ void Session::Acquire(const v1::Acquire& request) {
     if (ended_) return;
     over = leases_.size() + pending_ >= limits.max_leases_per_session;
     held = slots_;
-    if (!over && slots_ + n <= slot_bound) {
+    if (!over && slots_ + n <= slot_bound_) {
       ++pending_;
       slots_ += n;
       ++counters_.acquires;
@@ -193,10 +193,10 @@ void Session::Acquire(const v1::Acquire& request) {
                          "acquire ", seq, ": the session holds ", limits.max_leases_per_session,
                          " leases (the per-session limit); release some first")));
   }
-  if (held + n > slot_bound) {
+  if (held + n > slot_bound_) {
     return Fail(seq, absl::ResourceExhaustedError(absl::StrCat(
                          "acquire ", seq, ": the session holds ", held, " slots and asks for ",
-                         n, " more; a session may hold ", slot_bound,
+                         n, " more; a session may hold ", slot_bound_,
                          " (limits.max_slots_per_session); release some first")));
   }
   std::vector<uint32_t> experts(request.experts().begin(), request.experts().end());

@@ -133,6 +133,7 @@ class Session : public std::enable_shared_from_this<Session> {
   const std::string client_name_;
   const absl::Time opened_at_;
   int pidfd_ = -1;  // the client process, to see it exit (Linux pidfd); -1 when unknown
+  const uint32_t slot_bound_;  // SlotsPerSession, fixed at open (off the acquire path)
   // One per slot class with session fences (CUDA), else empty; fixed after Open.
   std::vector<std::unique_ptr<SessionFences>> fences_;
   std::vector<v1::FenceTableHandle> fence_handles_;
