@@ -27,12 +27,35 @@ v1::SharedMemory ToProto(const SharedHandle& h) {
 
 }  // namespace
 
+FenceExport FromFenceHandle(const v1::FenceTableHandle& f) {
+  const auto from = [](const v1::SharedMemory& m) {
+    SharedHandle h;
+    h.kind = m.cuda_ipc_handle().empty() ? SharedHandle::Kind::kHostShm
+                                         : SharedHandle::Kind::kCudaIpc;
+    h.shm_name = m.shm_name();
+    h.fd = m.fd();
+    h.owner_pid = m.owner_pid();
+    h.dev = m.dev();
+    h.inode = m.inode();
+    h.ipc_handle = m.cuda_ipc_handle();
+    return h;
+  };
+  FenceExport e;
+  e.handle = from(f.memory());
+  e.n_slots = f.n_slots();
+  e.segment_bytes = f.segment_bytes();
+  e.done_offset = f.done_offset();
+  if (f.has_session_done()) e.session_done = from(f.session_done());
+  return e;
+}
+
 v1::FenceTableHandle ToFenceHandle(const FenceExport& e) {
   v1::FenceTableHandle f;
   *f.mutable_memory() = ToProto(e.handle);
   f.set_n_slots(e.n_slots);
   f.set_segment_bytes(e.segment_bytes);
   f.set_done_offset(e.done_offset);
+  if (e.session_done.has_value()) *f.mutable_session_done() = ToProto(*e.session_done);
   return f;
 }
 
@@ -78,7 +101,6 @@ absl::StatusOr<std::unique_ptr<ServedModel>> ServedModel::Load(
 
 ServedModel::~ServedModel() {
   // The engine stops before the packs and the catalog it reads from go away.
-  own_fences_.clear();
   engine_.reset();
   packs_.reset();
 }
@@ -151,7 +173,6 @@ absl::Status ServedModel::VerifyRanges() const {
 }
 
 absl::Status ServedModel::BuildHandles() {
-  fences_host_visible_ = true;
   for (const SlotClass& sc : catalog_->slot_classes()) {
     v1::SlotClassHandles h;
     h.set_slot_class(sc.id);
@@ -171,16 +192,8 @@ absl::Status ServedModel::BuildHandles() {
     }
     absl::StatusOr<FenceExport> fx = engine_->fences(sc.id).Export();
     if (!fx.ok()) return fx.status();
-    // With session fences every session is sent its own table (OpenSession replaces this).
+    // Every session is sent its own fences (OpenSession replaces this with them).
     *h.mutable_fences() = ToFenceHandle(*fx);
-    if (fx->handle.kind == SharedHandle::Kind::kHostShm) {
-      absl::StatusOr<MappedFences> own = MapFences(*fx);
-      if (!own.ok()) return own.status();
-      own_fences_.push_back(std::make_unique<MappedFences>(*std::move(own)));
-    } else {
-      fences_host_visible_ = false;
-      own_fences_.push_back(nullptr);
-    }
     handles_.push_back(std::move(h));
   }
   return absl::OkStatus();
@@ -200,19 +213,6 @@ absl::StatusOr<std::vector<std::unique_ptr<SessionFences>>> ServedModel::CreateS
     out.push_back(*std::move(f));
   }
   return out;
-}
-
-void ServedModel::ForceDone(uint32_t slot_class, SlotId slot, uint64_t generation) {
-  if (slot_class >= own_fences_.size() || own_fences_[slot_class] == nullptr) return;
-  MappedFences& f = *own_fences_[slot_class];
-  // Counters only grow: a done already at or past `generation` needs nothing.
-  if (f.done(slot) >= generation) return;
-  (void)f.SignalDone(slot, generation);
-}
-
-uint64_t ServedModel::Done(uint32_t slot_class, SlotId slot) const {
-  if (slot_class >= own_fences_.size() || own_fences_[slot_class] == nullptr) return UINT64_MAX;
-  return own_fences_[slot_class]->done(slot);
 }
 
 void ServedModel::RecordStall(uint64_t nanoseconds) {

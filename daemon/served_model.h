@@ -64,15 +64,9 @@ class ServedModel {
   const v1::ModelInfo& info() const { return info_; }
   // The handles a session maps (one entry per slot class), built once at load.
   const std::vector<v1::SlotClassHandles>& handles() const { return handles_; }
-  // Stores done[slot] = generation on behalf of a client that cannot (it died, or its lease was
-  // reclaimed), so the slot can be refilled. Only for fences the client cannot touch any more.
-  void ForceDone(uint32_t slot_class, SlotId slot, uint64_t generation);
-  // done[slot] as the client left it (host-visible fences), for the release check.
-  uint64_t Done(uint32_t slot_class, SlotId slot) const;
-  bool fences_host_visible() const { return fences_host_visible_; }
-  // Devices whose clients signal done through their own objects (CUDA events): each session
-  // gets its own done fences per slot class (Device::CreateSessionFences), and the handles it
-  // is sent name them instead of the class table's.
+  // Every session gets its own done fences per slot class (Device::CreateSessionFences: host
+  // done words or CUDA events), and the handles it is sent name them beside the class table.
+  // A device without session fences cannot serve sessions (OpenSession says so).
   bool session_fences() const { return session_fences_; }
   absl::StatusOr<std::vector<std::unique_ptr<SessionFences>>> CreateSessionFences() const;
   // Acquire stalls as the daemon saw them (request to grant), over every session, for the
@@ -98,17 +92,16 @@ class ServedModel {
   std::unique_ptr<ModelCatalog> catalog_;
   std::unique_ptr<PackSet> packs_;
   std::unique_ptr<Engine> engine_;
-  // The daemon's own view of each class's fence table (host device), for ForceDone.
-  std::vector<std::unique_ptr<MappedFences>> own_fences_;
-  bool fences_host_visible_ = false;
   v1::ModelInfo info_;
   std::vector<v1::SlotClassHandles> handles_;
   mutable std::mutex stall_mu_;
   LatencyHistogram stall_;
 };
 
-// A fence export as the protocol carries it.
+// A fence export as the protocol carries it, and back (what a client reads; the daemon's tests
+// signal done as a client would with it).
 v1::FenceTableHandle ToFenceHandle(const FenceExport& e);
+FenceExport FromFenceHandle(const v1::FenceTableHandle& f);
 
 // The catalog as the protocol describes it.
 v1::ModelInfo ToModelInfo(const std::string& name, const ModelCatalog& catalog);

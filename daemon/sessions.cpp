@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
@@ -263,9 +264,8 @@ void Session::Prefetch(const v1::Prefetch& request) {
 }
 
 bool Session::DonePassed(const Grant& grant) const {
-  if (!fences_.empty()) return false;
   for (const GrantedSlot& s : grant.slots) {
-    if (model_->Done(s.slot_class, s.slot) < s.generation) return false;
+    if (!fences_[s.slot_class]->Signalled(s.slot, s.generation)) return false;
   }
   return true;
 }
@@ -282,30 +282,16 @@ void Session::Release(const v1::Release& request) {
       refused = absl::NotFoundError(absl::StrCat(
           "release ", request.seq(), ": lease ", lease,
           " is not held by this session (never granted, released already, or expired)"));
-    } else if (!fences_.empty()) {
-      // Session fences: the client recorded done on its stream before releasing; copies that
-      // overwrite these slots wait for that record on the GPU.
+    } else {
+      // The client signalled done before releasing (host: in its own done words, which the
+      // device checks; CUDA: recorded on its stream, which copies that overwrite these slots
+      // wait for on the GPU).
       for (const GrantedSlot& s : it->second.grant.slots) {
         absl::Status st = fences_[s.slot_class]->DeclareDone(s.slot, s.generation);
         if (!st.ok()) {
           refused = absl::Status(st.code(), absl::StrCat("release ", request.seq(), ": lease ",
-                                                         lease, ": ", st.message()));
-          break;
-        }
-      }
-      if (refused.ok()) {
-        slots_ -= it->second.grant.slots.size();
-        grant = std::move(it->second.grant);
-        leases_.erase(it);
-      }
-    } else {
-      for (const GrantedSlot& s : it->second.grant.slots) {
-        const uint64_t done = model_->Done(s.slot_class, s.slot);
-        if (done < s.generation) {
-          refused = absl::FailedPreconditionError(absl::StrCat(
-              "release ", request.seq(), ": lease ", lease, ": expert ", s.expert, " (class ",
-              s.slot_class, " slot ", s.slot, ") has done ", done, " < generation ",
-              s.generation, "; signal done for every slot before releasing"));
+                                                         lease, ": expert ", s.expert, " (class ",
+                                                         s.slot_class, "): ", st.message()));
           break;
         }
       }
@@ -352,15 +338,16 @@ void Session::HandleLane(const lane::Request& r) {
 
 void Session::Reclaim(const Grant& grant) {
   for (const GrantedSlot& s : grant.slots) {
-    if (fences_.empty()) {
-      model_->ForceDone(s.slot_class, s.slot, s.generation);
-    } else {
-      // Cannot fail for a slot this session was granted; a failure would only mean the copy
-      // holds on the CPU until the slot's next declaration.
-      (void)fences_[s.slot_class]->ForceDone(s.slot, s.generation);
-    }
+    // Cannot fail for a slot this session was granted; a failure would only mean the copy
+    // holds on the CPU until the slot's next declaration.
+    (void)fences_[s.slot_class]->ForceDone(s.slot, s.generation);
   }
   model_->engine().Release(grant);
+}
+
+bool Session::WaitsForClient() const {
+  return std::any_of(fences_.begin(), fences_.end(),
+                     [](const std::unique_ptr<SessionFences>& f) { return f->WaitsForClient(); });
 }
 
 void Session::ClientGone() {
@@ -468,17 +455,18 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(ServedModel* mode
     }
   }
   // Session fences are made before the lock (one IPC event per slot: not instant).
-  std::vector<std::unique_ptr<SessionFences>> fences;
+  if (!model->session_fences()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model ", model->name(), ": its device gives sessions no done fences of their own"));
+  }
+  absl::StatusOr<std::vector<std::unique_ptr<SessionFences>>> f = model->CreateSessionFences();
+  if (!f.ok()) return f.status();
+  std::vector<std::unique_ptr<SessionFences>> fences = *std::move(f);
   std::vector<v1::FenceTableHandle> fence_handles;
-  if (model->session_fences()) {
-    absl::StatusOr<std::vector<std::unique_ptr<SessionFences>>> f = model->CreateSessionFences();
-    if (!f.ok()) return f.status();
-    fences = *std::move(f);
-    for (const std::unique_ptr<SessionFences>& table : fences) {
-      absl::StatusOr<FenceExport> e = table->Export();
-      if (!e.ok()) return e.status();
-      fence_handles.push_back(ToFenceHandle(*e));
-    }
+  for (const std::unique_ptr<SessionFences>& table : fences) {
+    absl::StatusOr<FenceExport> e = table->Export();
+    if (!e.ok()) return e.status();
+    fence_handles.push_back(ToFenceHandle(*e));
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (draining_) {
@@ -586,7 +574,7 @@ void SessionRegistry::End(const std::shared_ptr<Session>& session) {
     }
     if (!session->leases_.empty() || session->pending_ > 0) {
       ended_.push_back({session, absl::Now() + limits_.lease_ttl});
-    } else if (!session->fences_.empty() && !session->client_gone_) {
+    } else if (session->WaitsForClient() && !session->client_gone_) {
       watched_.push_back({session, absl::Now() + limits_.lease_ttl});
     }
     // Bounded: a client that ends sessions without giving their leases back (an open, acquire,
@@ -609,7 +597,8 @@ void SessionRegistry::End(const std::shared_ptr<Session>& session) {
       watched_.erase(watched_.begin());
     }
   }
-  for (const Grant& g : now) session->model().engine().Release(g);
+  // Their done passed in the client's own words: the table's done is raised on its behalf.
+  for (const Grant& g : now) session->Reclaim(g);
   for (const std::shared_ptr<Session>& s : gone) s->ClientGone();
   Notify();
 }
@@ -689,7 +678,7 @@ void SessionRegistry::ReapOnce(absl::Time now) {
       }
       // A client process that died while its stream stays open (a child holds the socket):
       // none of its done records needs waiting for any more.
-      if (!s.fences_.empty() && !s.client_gone_ && ProcessExited(s.pidfd_)) {
+      if (s.WaitsForClient() && !s.client_gone_ && ProcessExited(s.pidfd_)) {
         s.client_gone_ = true;
         gone.push_back(it->second);
       }
@@ -725,7 +714,7 @@ void SessionRegistry::ReapOnce(absl::Time now) {
       }
       // A dead client's done records are not waited for, even while an acquire of its is still
       // in flight: that acquire's copy may be the one waiting for them.
-      if (!s.fences_.empty() && !s.client_gone_ && ProcessExited(s.pidfd_)) {
+      if (s.WaitsForClient() && !s.client_gone_ && ProcessExited(s.pidfd_)) {
         s.client_gone_ = true;
         gone.push_back(it->session);
       }
@@ -733,7 +722,7 @@ void SessionRegistry::ReapOnce(absl::Time now) {
         ++it;
         continue;
       }
-      if (!s.fences_.empty() && !s.client_gone_) watched_.push_back(*it);
+      if (s.WaitsForClient() && !s.client_gone_) watched_.push_back(*it);
       it = ended_.erase(it);
     }
     for (auto it = watched_.begin(); it != watched_.end();) {

@@ -100,7 +100,7 @@ class Session : public std::enable_shared_from_this<Session> {
   SessionCounters counters() const;
   v1::SessionStats Stats() const;
   // The slot-class handles this session's client maps: the model's, with the session's own
-  // done fences where the device has them (ServedModel::session_fences()).
+  // done fences.
   std::vector<v1::SlotClassHandles> Handles() const;
   // The session's lane, or nullptr when its requests travel on the stream.
   const std::shared_ptr<LaneServer>& lane() const { return lane_; }
@@ -120,10 +120,13 @@ class Session : public std::enable_shared_from_this<Session> {
   void Touch();
   // Signals done for every slot of `grant` on the client's behalf and releases it.
   void Reclaim(const Grant& grant);
-  // True when the client's done fences passed every slot of `grant` (host counters). With
-  // session fences the daemon cannot see that on the CPU: false until the client releases.
+  // True when the client's own done words passed every slot of `grant` (host device); false
+  // where the daemon cannot see done on the CPU (CUDA events) until the client releases.
   bool DonePassed(const Grant& grant) const;
-  // With session fences: the client process exited, none of its done records is waited for.
+  // True when copies may wait on this session's done records after its leases are gone
+  // (SessionFences::WaitsForClient): its ended session is watched until the process exits.
+  bool WaitsForClient() const;
+  // The client process exited: none of its done records is waited for.
   void ClientGone();
 
   SessionRegistry* const registry_;

@@ -56,6 +56,7 @@ FenceExport ToFenceExport(const v1::FenceTableHandle& f) {
   fx.n_slots = f.n_slots();
   fx.segment_bytes = f.segment_bytes();
   fx.done_offset = f.done_offset();
+  if (f.has_session_done()) fx.session_done = ToHandle(f.session_done());
   return fx;
 }
 

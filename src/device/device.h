@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -83,13 +84,17 @@ struct ArenaExport {
 };
 
 // A fence table as a client sees it. Host: one shared-memory segment; [0, done_offset) holds
-// the header and the ready counters (map read-only), [done_offset, segment_bytes) holds the
-// waiter counts and done counters (map read-write).
+// the header and the ready counters, [done_offset, segment_bytes) the waiter counts and the done
+// counters. A session's export (SessionFences::Export) also names `session_done`, the session's
+// own object laid out like that second part: the client maps the table's first part read-only
+// and its own object read-write, and never writes the table. Without `session_done` (the
+// daemon's own tests) both parts of the table are mapped, the second read-write.
 struct FenceExport {
   SharedHandle handle;
   uint32_t n_slots = 0;
   uint64_t segment_bytes = 0;
   uint64_t done_offset = 0;
+  std::optional<SharedHandle> session_done;
 };
 
 // Device memory of one slot class and one projection. Never resized; freed only when destroyed,
@@ -208,6 +213,17 @@ class SessionFences {
   virtual absl::Status ForceDone(SlotId slot, uint64_t generation) = 0;
   // The client process exited: nothing it signalled needs waiting for, on any slot.
   virtual void ClientGone() = 0;
+  // True when copies may wait on what the client recorded after its leases are gone (CUDA: done
+  // events on the client's stream); the daemon then watches the client process and calls
+  // ClientGone() when it exits. False where done is settled at Release (host).
+  virtual bool WaitsForClient() const { return true; }
+  // True when the daemon can see that the client finished reading `slot` at `generation` (host:
+  // the client's own done word); false where it cannot tell (CUDA: done is a GPU event).
+  virtual bool Signalled(SlotId slot, uint64_t generation) const {
+    (void)slot;
+    (void)generation;
+    return false;
+  }
 
  protected:
   SessionFences() = default;

@@ -35,6 +35,7 @@
 
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
+#include "../support/session_done.h"
 #include "device/host/host_device.h"
 #include "sessions.h"
 #include "synth/synth.h"
@@ -196,10 +197,9 @@ void WaitAnswers(Slot& s) {
 }
 
 // The client's part of a release: signal done for every slot of the grant.
-void SignalDone(World& w, const v1::Grant& g) {
-  for (const v1::GrantedSlot& gs : g.slots()) {
-    w.model->ForceDone(gs.slot_class(), gs.slot(), gs.generation());
-  }
+void SignalDone(const Session& session, const v1::Grant& g) {
+  const absl::Status st = testing::SignalDoneAsClient(session, g);
+  Check(st.ok(), "signalling done for a held lease failed");
 }
 
 }  // namespace
@@ -292,7 +292,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           std::lock_guard<std::mutex> lock(s.recorder->mu);
           if (s.recorder->granted.empty()) break;
           const v1::Grant& own = s.recorder->granted.begin()->second;
-          if (m == 0) SignalDone(w, own);
+          if (m == 0) SignalDone(*s.session, own);
           r.set_lease(own.lease());
         } else if (m == 2) {  // another session's lease number
           if (!other.recorder) break;
@@ -381,7 +381,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     std::lock_guard<std::mutex> lock(rec->mu);
     Check(rec->granted.size() == 1, "8 experts could not be leased after the program");
-    SignalDone(w, rec->granted.begin()->second);
+    SignalDone(**fresh, rec->granted.begin()->second);
   }
   w.registry->End(*fresh);
   for (int i = 0; i < 100 && w.registry->size() > 0; ++i) {

@@ -199,16 +199,22 @@ TEST(HostDeviceTest, ArenasAreReadOnlyForOtherUsersAndNamesUnpredictable) {
   auto a = Must(device->AllocateArena(kMiB, "a"));
   auto b = Must(device->AllocateArena(kMiB, "b"));
   auto fences = Must(device->CreateFences(8));
+  auto session = Must(device->CreateSessionFences(*fences));
   const std::string an = Must(a->Export()).handle.shm_name;
   const std::string bn = Must(b->Export()).handle.shm_name;
   const std::string fn = Must(fences->Export()).handle.shm_name;
+  const FenceExport session_export = Must(session->Export());
+  ASSERT_TRUE(session_export.session_done.has_value());
+  EXPECT_EQ(session_export.handle.shm_name, fn);
+  const std::string dn = session_export.session_done->shm_name;
   const auto mode = [](const std::string& name) {
     struct stat st {};
     EXPECT_EQ(stat(("/dev/shm" + name).c_str(), &st), 0) << name;
     return st.st_mode & 0777;
   };
   EXPECT_EQ(mode(an), 0640u);
-  EXPECT_EQ(mode(fn), 0660u);
+  EXPECT_EQ(mode(fn), 0640u);  // the table: only the daemon writes it
+  EXPECT_EQ(mode(dn), 0660u);  // a session's own done words
   // "/expertd-test-<pid>-<n>-<16 hex digits>", and two names share no random part.
   const std::string prefix = absl::StrCat("/expertd-test-", getpid(), "-");
   ASSERT_EQ(an.rfind(prefix, 0), 0u) << an;
@@ -230,16 +236,22 @@ TEST(HostDeviceTest, ArenasAreReadOnlyForOtherUsersAndNamesUnpredictable) {
     close(ro);
     const int rw = shm_open(an.c_str(), O_RDWR, 0);
     if (rw >= 0 || errno != EACCES) _exit(13);
-    const int frw = shm_open(fn.c_str(), O_RDWR, 0);  // fence tables: done words are written
-    if (frw < 0) _exit(14);
-    close(frw);
+    const int frw = shm_open(fn.c_str(), O_RDWR, 0);  // the table: read-only for clients
+    if (frw >= 0 || errno != EACCES) _exit(14);
+    const int fro = shm_open(fn.c_str(), O_RDONLY, 0);
+    if (fro < 0) _exit(15);
+    close(fro);
+    const int drw = shm_open(dn.c_str(), O_RDWR, 0);  // the session's done words: written
+    if (drw < 0) _exit(16);
+    close(drw);
     _exit(0);
   }
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "10 stat, 11 change user, 12 read refused, 13 write "
-                                       "allowed, 14 fence table refused";
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "10 stat, 11 change user, 12 read refused, 13 write allowed, 14 table writable, "
+         "15 table unreadable, 16 done words refused";
 }
 
 // A real second process maps the arena and fences by their descriptors, waits for a copy the
@@ -421,6 +433,81 @@ TEST(HostDeviceTest, CopyWaitsForTheSlotsDoneFence) {
   EXPECT_TRUE(done.status().ok()) << done.status();
   EXPECT_TRUE(client.WaitReady(kSlot, 4, absl::Seconds(1)).ok());
   EXPECT_TRUE(Matches(arena->host_data() + kSlot * uint64_t{4096}, 4096, 9));
+}
+
+// Sessions signal done in objects of their own; the table's done words, which copies wait on,
+// move only when the daemon declares (after checking the session's word) or forces. A client
+// that lowers its own words (here: writes them directly, as a hostile one would) has only its
+// own releases refused; no copy waits on them and another session is untouched.
+TEST(HostDeviceTest, SessionDoneWordsAreTheSessionsOwnAndCopiesNeverWaitOnThem) {
+  auto device = NewDevice({.copy_threads = 2});
+  ASSERT_TRUE(device->caps().session_fences);
+  auto arena = Must(device->AllocateArena(uint64_t{4} * 4096, "fenced"));
+  auto table = Must(device->CreateFences(4));
+  auto a = Must(device->CreateSessionFences(*table));
+  auto b = Must(device->CreateSessionFences(*table));
+  EXPECT_FALSE(a->WaitsForClient());
+  const FenceExport ax = Must(a->Export());
+  const FenceExport bx = Must(b->Export());
+  ASSERT_TRUE(ax.session_done.has_value() && bx.session_done.has_value());
+  EXPECT_NE(ax.session_done->inode, bx.session_done->inode);
+  MappedFences client_a = Must(MapFences(ax));
+  MappedFences client_b = Must(MapFences(bx));
+  ASSERT_TRUE(table->AdvanceReady(0, 1).ok());
+  EXPECT_EQ(client_a.ready(0), 1u);  // ready comes from the shared table
+
+  // A release needs the session's own word.
+  EXPECT_EQ(a->DeclareDone(0, 1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(a->Signalled(0, 1));
+  ASSERT_TRUE(client_a.SignalDone(0, 1).ok());
+  EXPECT_TRUE(a->Signalled(0, 1));
+  EXPECT_FALSE(b->Signalled(0, 1));  // B's words are B's
+  EXPECT_EQ(client_b.done(0), 0u);
+  ASSERT_TRUE(a->DeclareDone(0, 1).ok());
+  EXPECT_EQ(table->done(0), 1u);
+  EXPECT_EQ(a->DeclareDone(0, 2).code(), absl::StatusCode::kFailedPrecondition);  // not ready
+  EXPECT_EQ(a->DeclareDone(0, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a->DeclareDone(9, 1).code(), absl::StatusCode::kInvalidArgument);
+
+  // A hostile client zeroes its own done words: the table keeps what the daemon declared.
+  ShmMapping own = Must(MapSharedSegment(*ax.session_done, ax.segment_bytes - ax.done_offset));
+  std::memset(own.data(), 0, own.bytes());
+  EXPECT_EQ(client_a.done(0), 0u);
+  EXPECT_EQ(table->done(0), 1u);
+  EXPECT_EQ(a->DeclareDone(0, 1).code(), absl::StatusCode::kFailedPrecondition);
+  // The next occupant's copy waits for done >= 1 on the table: it starts at once.
+  auto staging = Must(device->AllocateStaging(4096));
+  Fill(staging->data(), 5);
+  CopyRequest request = OneCopy(staging->data(), arena.get(), 0, CopyPriority::kDemand);
+  request.waits.push_back(FenceWait{table.get(), 0, 1});
+  request.signals.push_back(FenceSignal{table.get(), 0, 2});
+  Completion copied;
+  ASSERT_TRUE(device->SubmitCopy(std::move(request), copied.Callback()).ok());
+  ASSERT_TRUE(copied.WaitFor(std::chrono::seconds(5)));
+  EXPECT_TRUE(copied.status().ok()) << copied.status();
+  // B, untouched, releases as usual.
+  ASSERT_TRUE(client_b.SignalDone(0, 2).ok());
+  EXPECT_TRUE(b->DeclareDone(0, 2).ok());
+
+  // A slot nobody declared: its copy waits until the daemon forces done for the session.
+  ASSERT_TRUE(table->AdvanceReady(1, 1).ok());
+  CopyRequest held = OneCopy(staging->data(), arena.get(), 4096, CopyPriority::kDemand);
+  held.waits.push_back(FenceWait{table.get(), 1, 1});
+  Completion forced;
+  ASSERT_TRUE(device->SubmitCopy(std::move(held), forced.Callback()).ok());
+  EXPECT_FALSE(forced.WaitFor(std::chrono::milliseconds(50)));
+  ASSERT_TRUE(a->ForceDone(1, 1).ok());
+  ASSERT_TRUE(forced.WaitFor(std::chrono::seconds(5)));
+
+  // A client sleeping on ready wakes when the daemon advances it (no waiter count to trust).
+  const absl::Time start = absl::Now();
+  std::thread waker([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    EXPECT_TRUE(table->AdvanceReady(3, 1).ok());
+  });
+  EXPECT_TRUE(client_b.WaitReady(3, 1, absl::Seconds(10)).ok());
+  waker.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 TEST(HostDeviceTest, FencesOnlyGrow) {

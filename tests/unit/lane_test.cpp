@@ -17,6 +17,7 @@
 #include "device/host/host_device.h"
 #include "lane_server.h"
 #include "sessions.h"
+#include "support/session_done.h"
 #include "support/test_support.h"
 #include "synth/synth.h"
 
@@ -418,8 +419,10 @@ class LaneSessionTest : public ::testing::Test {
     }
     return out;
   }
-  void Done(const lane::Response& g) {
-    for (const auto& s : g.slots) model_->ForceDone(s.slot_class, s.slot, s.generation);
+  void Done(const Session& session, const lane::Response& g) {
+    for (const auto& s : g.slots) {
+      ASSERT_TRUE(testing::SignalDoneAsClient(session, s.slot_class, s.slot, s.generation).ok());
+    }
   }
 
   testing::TempDir dir_;
@@ -436,7 +439,7 @@ TEST_F(LaneSessionTest, SeveralOutstandingAcquiresAreAnsweredBySeqInAnyOrder) {
   auto warm = Answers(*o->end, 1);
   ASSERT_EQ(warm.size(), 1u);
   ASSERT_EQ(warm[0].type, RecordType::kGrant);
-  Done(warm[0]);
+  Done(*o->session, warm[0]);
   const uint64_t lease0[] = {warm[0].lease};
   std::vector<uint8_t> rel;
   ASSERT_TRUE(lane::EncodeRelease(2, lease0, &rel).ok());
@@ -494,7 +497,7 @@ TEST_F(LaneSessionTest, OnePrefetchRecordCarriesSeveralLayersAndReleasesComeInBa
   std::vector<uint64_t> leases;
   for (const lane::Response& g : grants) {
     ASSERT_EQ(g.type, RecordType::kGrant) << g.message;
-    Done(g);
+    Done(*o->session, g);
     leases.push_back(g.lease);
   }
   EXPECT_EQ(o->session->counters().leases_held, 2u);
@@ -535,7 +538,7 @@ TEST_F(LaneSessionTest, GarbageFailsThatSessionOnlyAndItsLeasesComeBack) {
   ASSERT_EQ(g.size(), 1u);
   EXPECT_EQ(g[0].type, RecordType::kGrant);
   EXPECT_EQ(good->failures.load(), 0);
-  Done(g[0]);
+  Done(*good->session, g[0]);
   const uint64_t lease[] = {g[0].lease};
   std::vector<uint8_t> rel;
   ASSERT_TRUE(lane::EncodeRelease(2, lease, &rel).ok());

@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "device/host/host_device.h"
+#include "support/session_done.h"
 #include "support/test_support.h"
 #include "synth/synth.h"
 #include "unix_listener.h"
@@ -93,9 +94,6 @@ class SessionsTest : public ::testing::Test {
     for (uint32_t e : experts) a.add_experts(e);
     return a;
   }
-  void SignalDone(const v1::Grant& g) {
-    for (const auto& s : g.slots()) model_->ForceDone(s.slot_class(), s.slot(), s.generation());
-  }
 
   testing::TempDir dir_;
   std::unique_ptr<Device> device_;
@@ -126,7 +124,7 @@ TEST_F(SessionsTest, AcquireGrantsAndReleaseNeedsDone) {
   EXPECT_EQ(err->error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
   EXPECT_EQ(reg.LeasesOutstanding(), 1u);
 
-  SignalDone(g->grant());
+  ASSERT_TRUE(testing::SignalDoneAsClient(**s, g->grant()).ok());
   rel.set_seq(3);
   (*s)->Release(rel);
   EXPECT_EQ(reg.LeasesOutstanding(), 0u);
@@ -176,7 +174,7 @@ TEST_F(SessionsTest, OneSessionCannotLeaseThePool) {
   auto g = obox->Take(GrantFor(1));
   ASSERT_TRUE(g.has_value());
   // A release makes room again for the greedy session.
-  SignalDone(held[0]);
+  ASSERT_TRUE(testing::SignalDoneAsClient(**greedy, held[0]).ok());
   v1::Release rel;
   rel.set_seq(100);
   rel.set_lease(held[0].lease());
@@ -216,7 +214,9 @@ TEST_F(SessionsTest, EndedSessionsAreBounded) {
     ASSERT_LE(reg.ended_sessions(), 4u) << "turn " << turn;
     ASSERT_LE(reg.LeasesOutstanding(), 4u) << "turn " << turn;
   }
-  EXPECT_LE(fds(), before + 4);
+  // Each of the 4 draining sessions holds its pidfd and one done-word object per slot class.
+  const auto per_session = static_cast<long>(1 + model_->catalog().slot_classes().size());
+  EXPECT_LE(fds(), before + 4 * per_session);
 }
 
 TEST_F(SessionsTest, LimitsAndAttachRules) {
@@ -287,7 +287,7 @@ TEST_F(SessionsTest, LeaseTtlReclaimsAndTellsTheClient) {
   EXPECT_EQ(expired->lease_expired().lease(), g->grant().lease());
   // The daemon signalled done for the client, so the slots can be refilled.
   for (const auto& slot : g->grant().slots()) {
-    EXPECT_GE(model_->Done(slot.slot_class(), slot.slot()), slot.generation());
+    EXPECT_GE(model_->engine().fences(slot.slot_class()).done(slot.slot()), slot.generation());
   }
 }
 
@@ -302,8 +302,8 @@ TEST_F(SessionsTest, EndedSessionDrainsOnDoneOrDeadline) {
   (*s)->Acquire(AcquireMsg(2, 1, {1}));
   auto g1 = outbox->Take(GrantFor(1));
   auto g2 = outbox->Take(GrantFor(2));
-  ASSERT_TRUE(g1 && g2);
-  SignalDone(g1->grant());  // the client finished reading the first before its stream ended
+  // The client finished reading the first before its stream ended.
+  ASSERT_TRUE(testing::SignalDoneAsClient(**s, g1->grant()).ok());
   reg.End(*s);
   EXPECT_EQ(reg.size(), 0u);
   EXPECT_EQ(reg.LeasesOutstanding(), 1u);  // the second waits for its done fence
@@ -337,7 +337,7 @@ TEST_F(SessionsTest, ReconfigureKeepsResidentBundles) {
   auto g = outbox->Take(GrantFor(1));
   ASSERT_TRUE(g.has_value());
   EXPECT_FALSE(g->grant().slots(0).hit());
-  SignalDone(g->grant());
+  ASSERT_TRUE(testing::SignalDoneAsClient(**s, g->grant()).ok());
   v1::Release rel;
   rel.set_seq(2);
   rel.set_lease(g->grant().lease());
@@ -355,7 +355,7 @@ TEST_F(SessionsTest, ReconfigureKeepsResidentBundles) {
   EXPECT_TRUE(g->grant().slots(0).hit());  // still resident under the new policy
   EXPECT_TRUE(g->grant().slots(1).hit());
   // The new policy evicts: fill more bundles than the pool holds without an error.
-  SignalDone(g->grant());
+  ASSERT_TRUE(testing::SignalDoneAsClient(**s, g->grant()).ok());
   rel.set_seq(4);
   rel.set_lease(g->grant().lease());
   (*s)->Release(rel);
@@ -363,7 +363,7 @@ TEST_F(SessionsTest, ReconfigureKeepsResidentBundles) {
     (*s)->Acquire(AcquireMsg(10 + layer, layer, {0, 1}));
     auto gl = outbox->Take(GrantFor(10 + layer));
     ASSERT_TRUE(gl.has_value()) << "layer " << layer;
-    SignalDone(gl->grant());
+    ASSERT_TRUE(testing::SignalDoneAsClient(**s, gl->grant()).ok());
     rel.set_seq(100 + layer);
     rel.set_lease(gl->grant().lease());
     (*s)->Release(rel);

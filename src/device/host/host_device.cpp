@@ -76,24 +76,90 @@ class HostFenceTable final : public FenceTable {
 
   uint64_t ready(SlotId slot) const override { return LoadCounter(words_, words_.ready, slot); }
   uint64_t done(SlotId slot) const override { return LoadCounter(words_, words_.done, slot); }
+  // Every advance wakes: the waiter count lives where clients cannot write (a client could
+  // otherwise clear it and make other clients sleep through their fills), and an advance
+  // happens once per fill, so the system call is cheap beside the copy.
   absl::Status AdvanceReady(SlotId slot, uint64_t generation) override {
     RETURN_IF_ERROR(CheckSlot(slot, size()));
-    return AdvanceCounter(words_.ready, words_.ready_waiters, slot, generation, "ready");
+    return AdvanceCounter(words_.ready, /*waiters=*/nullptr, slot, generation, "ready");
   }
   absl::Status WaitDone(SlotId slot, uint64_t generation, absl::Duration timeout) const override {
     RETURN_IF_ERROR(CheckSlot(slot, size()));
     return WaitCounter(words_.done, words_.done_waiters, slot, generation, timeout, "done");
   }
+  // Raises done[slot] to `generation` on a session's behalf; an older generation changes nothing.
+  void RaiseDone(SlotId slot, uint64_t generation) {
+    if (done(slot) >= generation) return;
+    (void)AdvanceCounter(words_.done, words_.done_waiters, slot, generation, "done");
+  }
   absl::StatusOr<FenceExport> Export() const override {
-    return FenceExport{memory_.Handle(), size(), layout_.segment_bytes, layout_.done_offset};
+    return FenceExport{memory_.Handle(), size(), layout_.segment_bytes, layout_.done_offset, {}};
   }
   const void* owner() const { return owner_; }
+  const FenceLayout& layout() const { return layout_; }
 
  private:
   const void* owner_;
   FenceLayout layout_;
   SharedMemory memory_;
   FenceWords words_;
+};
+
+// One session's done words: a segment of its own, laid out like the table's second part, that
+// only this session's client writes. The table's done counters, which copies wait on, are
+// written by the daemon alone: raised when the daemon saw the client's word reach a generation
+// (DeclareDone, at Release) or gave up on the client (ForceDone). So no copy ever waits on a
+// word a client can write, and a client that lowers its own words only has its own releases
+// refused.
+class HostSessionFences final : public SessionFences {
+ public:
+  HostSessionFences(HostFenceTable& table, SharedMemory memory)
+      : table_(table), memory_(std::move(memory)) {}
+
+  absl::StatusOr<FenceExport> Export() const override {
+    ASSIGN_OR_RETURN(FenceExport e, table_.Export());
+    e.session_done = memory_.Handle();
+    return e;
+  }
+  absl::Status DeclareDone(SlotId slot, uint64_t generation) override {
+    RETURN_IF_ERROR(CheckDeclaration(slot, generation));
+    const uint64_t client = ClientDone(slot);
+    if (client < generation) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("slot ", slot, " has done ", client, " < generation ", generation,
+                       "; signal done for every slot before releasing"));
+    }
+    table_.RaiseDone(slot, generation);
+    return absl::OkStatus();
+  }
+  absl::Status ForceDone(SlotId slot, uint64_t generation) override {
+    RETURN_IF_ERROR(CheckDeclaration(slot, generation));
+    table_.RaiseDone(slot, generation);
+    return absl::OkStatus();
+  }
+  void ClientGone() override {}  // the daemon forces done for each lease it takes back
+  bool WaitsForClient() const override { return false; }
+  bool Signalled(SlotId slot, uint64_t generation) const override {
+    return slot < table_.size() && generation != 0 && ClientDone(slot) >= generation;
+  }
+
+ private:
+  absl::Status CheckDeclaration(SlotId slot, uint64_t generation) const {
+    RETURN_IF_ERROR(CheckSlot(slot, table_.size()));
+    if (generation == 0) return InvalidError(ErrorKind::kBadValue, "done for generation 0");
+    if (const uint64_t ready = table_.ready(slot); generation > ready) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "done[", slot, "] = ", generation, " declared but ready is only at ", ready));
+    }
+    return absl::OkStatus();
+  }
+  uint64_t ClientDone(SlotId slot) const {
+    const FenceWords w = WordsAt(nullptr, memory_.data(), table_.size());
+    return LoadCounter(w, w.done, slot);
+  }
+
+  HostFenceTable& table_;
+  SharedMemory memory_;
 };
 
 class HostDevice final : public Device {
@@ -147,12 +213,27 @@ class HostDevice final : public Device {
                                                              " slots (1..", kMaxFenceSlots, ")"));
     }
     const FenceLayout layout = LayoutFor(n_slots);
+    // Only the daemon writes the table: clients map the ready part read-only and write done
+    // words in a segment of their own session (CreateSessionFences).
     ASSIGN_OR_RETURN(SharedMemory memory,
-                     SharedMemory::Create(options_, "fences", layout.segment_bytes));
+                     SharedMemory::Create(options_, "fences", layout.segment_bytes,
+                                          /*clients_write=*/false));
     const FenceHeader header{kFenceMagic, kFenceVersion, n_slots, layout.done_offset,
                              layout.segment_bytes};
     std::memcpy(memory.data(), &header, sizeof(header));
     return std::make_unique<HostFenceTable>(this, n_slots, layout, std::move(memory));
+  }
+
+  absl::StatusOr<std::unique_ptr<SessionFences>> CreateSessionFences(
+      FenceTable& shared) override {
+    auto* table = dynamic_cast<HostFenceTable*>(&shared);
+    if (table == nullptr || table->owner() != this) return Foreign("fence table");
+    const FenceLayout& layout = table->layout();
+    ASSIGN_OR_RETURN(SharedMemory memory,
+                     SharedMemory::Create(options_, "session done",
+                                          layout.segment_bytes - layout.done_offset,
+                                          /*clients_write=*/true));
+    return std::make_unique<HostSessionFences>(*table, std::move(memory));
   }
 
   absl::Status SubmitCopy(CopyRequest request, CopyCallback on_complete) override {
@@ -325,6 +406,7 @@ absl::StatusOr<std::unique_ptr<Device>> MakeHostDevice(HostDeviceOptions options
   caps.async_copies = true;
   caps.copy_priorities = true;
   caps.fences_host_visible = true;
+  caps.session_fences = true;
   caps.registers_host_memory = true;
   caps.copy_engines = options.copy_threads;
   caps.max_arena_bytes = options.max_arena_bytes != 0 ? options.max_arena_bytes : PhysicalMemory();

@@ -175,7 +175,8 @@ uint64_t LoadCounter(const FenceWords& w, uint64_t* array, SlotId slot) {
   return std::atomic_ref<uint64_t>(array[slot]).load(std::memory_order_acquire);
 }
 
-// Raises counter[slot] to `generation` (never lowers it) and wakes waiters if any. The seq_cst
+// Raises counter[slot] to `generation` (never lowers it) and wakes waiters if any (always when
+// `waiters` is null: nobody counts them). The seq_cst
 // store and the seq_cst load of the waiter count pair with WaitCounter's seq_cst increment and
 // load: either the waiter sees the new value or the advancer sees the waiter.
 absl::Status AdvanceCounter(uint64_t* array, uint32_t* waiters, SlotId slot, uint64_t generation,
@@ -190,7 +191,7 @@ absl::Status AdvanceCounter(uint64_t* array, uint32_t* waiters, SlotId slot, uin
     if (generation == current) return absl::OkStatus();
   } while (!counter.compare_exchange_weak(current, generation, std::memory_order_seq_cst,
                                           std::memory_order_relaxed));
-  if (std::atomic_ref<uint32_t>(*waiters).load(std::memory_order_seq_cst) != 0) {
+  if (waiters == nullptr || std::atomic_ref<uint32_t>(*waiters).load(std::memory_order_seq_cst) != 0) {
     FutexWakeAll(FutexWord(&array[slot]));
   }
   return absl::OkStatus();
@@ -296,12 +297,26 @@ absl::StatusOr<MappedFences> MapFences(const FenceExport& descriptor) {
                                      "/", layout.segment_bytes));
   }
   std::string what;
-  ASSIGN_OR_RETURN(UniqueFd fd, OpenShared(descriptor.handle, /*writable=*/true, &what));
-  RETURN_IF_ERROR(CheckObject(fd.get(), descriptor.handle, layout.segment_bytes, what));
-  ASSIGN_OR_RETURN(ShmMapping part1, MapFd(fd.get(), 0, layout.done_offset, PROT_READ, what));
-  ASSIGN_OR_RETURN(ShmMapping part2,
-                   MapFd(fd.get(), layout.done_offset, layout.segment_bytes - layout.done_offset,
-                         PROT_READ | PROT_WRITE, what));
+  ShmMapping part1;
+  ShmMapping part2;
+  const uint64_t part2_bytes = layout.segment_bytes - layout.done_offset;
+  if (descriptor.session_done.has_value()) {
+    // The table read-only; the session's own done words read-write.
+    ASSIGN_OR_RETURN(UniqueFd table, OpenShared(descriptor.handle, /*writable=*/false, &what));
+    RETURN_IF_ERROR(CheckObject(table.get(), descriptor.handle, layout.segment_bytes, what));
+    ASSIGN_OR_RETURN(part1, MapFd(table.get(), 0, layout.done_offset, PROT_READ, what));
+    std::string own;
+    ASSIGN_OR_RETURN(UniqueFd done,
+                     OpenShared(*descriptor.session_done, /*writable=*/true, &own));
+    RETURN_IF_ERROR(CheckObject(done.get(), *descriptor.session_done, part2_bytes, own));
+    ASSIGN_OR_RETURN(part2, MapFd(done.get(), 0, part2_bytes, PROT_READ | PROT_WRITE, own));
+  } else {
+    ASSIGN_OR_RETURN(UniqueFd fd, OpenShared(descriptor.handle, /*writable=*/true, &what));
+    RETURN_IF_ERROR(CheckObject(fd.get(), descriptor.handle, layout.segment_bytes, what));
+    ASSIGN_OR_RETURN(part1, MapFd(fd.get(), 0, layout.done_offset, PROT_READ, what));
+    ASSIGN_OR_RETURN(part2, MapFd(fd.get(), layout.done_offset, part2_bytes,
+                                  PROT_READ | PROT_WRITE, what));
+  }
   FenceHeader header;
   std::memcpy(&header, part1.data(), sizeof(header));
   if (header.magic != kFenceMagic || header.version != kFenceVersion ||

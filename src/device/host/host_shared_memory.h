@@ -126,7 +126,8 @@ FenceWords WordsAt(uint8_t* part1, uint8_t* part2, uint32_t n_slots);
 
 // counter[slot], or 0 for a slot outside the table.
 uint64_t LoadCounter(const FenceWords& w, uint64_t* array, SlotId slot);
-// Raises counter[slot] to `generation` (never lowers it: FailedPrecondition) and wakes waiters.
+// Raises counter[slot] to `generation` (never lowers it: FailedPrecondition) and wakes waiters
+// (when `waiters` is null, always).
 absl::Status AdvanceCounter(uint64_t* array, uint32_t* waiters, SlotId slot, uint64_t generation,
                             std::string_view what);
 // Waits until counter[slot] >= generation: OK, or DeadlineExceeded after `timeout`.
