@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "device/cuda_factory.h"
 #include "device/device_probe.h"
+#include "device/host/handle_passing.h"
 #include "device/host/host_device.h"
 #include "lane_server.h"
 #include "lifecycle.h"
@@ -65,11 +66,38 @@ LaneOptions LanesFrom(const DaemonConfig& config) {
   o.spin = absl::Microseconds(config.lane.spin_us);
   o.geometry.request_bytes = config.lane.request_ring_bytes;
   o.geometry.response_bytes = config.lane.response_ring_bytes;
-  o.shm.shm_prefix = "expertd-lane";  // "/expertd-lane-<pid>-<n>-<random>"
+  o.shm.shm_prefix = "expertd-lane";
+  // A memfd passed to the session's process alone (the handle socket): no name another client
+  // could open to write requests into someone else's lane.
+  o.shm.backing = HostDeviceOptions::Backing::kMemfd;
   // Like the arenas: clients of other users reach their lane through the daemon's group.
   const bool others = !config.listen.allowed_uids.empty() || !config.listen.allowed_gids.empty();
   o.shm.shm_mode = others ? 0660 : 0600;
   return o;
+}
+
+// One exchange on the handle socket: the request, the checks (SessionRegistry::Passed), the
+// descriptors or a refusal. Short: a peer that sends nothing is dropped after 500 ms.
+void ServeHandles(SessionRegistry& sessions, int conn, const Peer& peer) {
+  absl::StatusOr<std::string> id = ReadHandleRequest(conn, absl::Milliseconds(500));
+  if (!id.ok()) {
+    spdlog::warn("handle socket: pid {} uid {}: {}", peer.pid, peer.uid,
+                 std::string(id.status().message()));
+    (void)SendRefusal(conn, id.status());
+    ::close(conn);
+    return;
+  }
+  absl::StatusOr<std::pair<std::shared_ptr<Session>, std::vector<int>>> passed =
+      sessions.Passed(*id, peer);
+  absl::Status sent = passed.ok() ? SendDescriptors(conn, passed->second)
+                                  : SendRefusal(conn, passed.status());
+  if (!passed.ok()) {
+    spdlog::warn("handle socket: pid {} uid {} refused: {}", peer.pid, peer.uid,
+                 std::string(passed.status().message()));
+  } else if (!sent.ok()) {
+    spdlog::warn("handle socket: pid {}: {}", peer.pid, std::string(sent.message()));
+  }
+  ::close(conn);
 }
 
 SessionLimits LimitsFrom(const LimitsConfig& l) {
@@ -107,6 +135,7 @@ struct Daemon {
   std::unique_ptr<ExpertdService> service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<UnixListener> unix_listener;
+  std::unique_ptr<UnixListener> handle_listener;  // the handle socket (docs/protocol.md)
   std::unique_ptr<MetricsServer> metrics;
   // What the watchdog reports: false once the daemon cannot serve any more (a sticky device
   // error), so the service manager restarts it. Draining is still healthy.
@@ -148,8 +177,10 @@ struct Daemon {
   void TearDown() {
     metrics.reset();
     if (unix_listener) unix_listener->Stop();
+    if (handle_listener) handle_listener->Stop();
     if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     unix_listener.reset();
+    handle_listener.reset();
     server.reset();
     sessions.reset();
     // Devices stop before the engines: a copy still held for a done record that will not come
@@ -331,6 +362,14 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
   absl::StatusOr<std::unique_ptr<UnixListener>> listener = UnixListener::Bind(uo, &d.peers);
   if (!listener.ok()) return fail(listener.status());
   d.unix_listener = *std::move(listener);
+  // The handle socket beside it, with the same gates: where a session's client receives the
+  // descriptors of its memfd objects.
+  uo.path = d.unix_listener->path() + ".handles";
+  absl::StatusOr<std::unique_ptr<UnixListener>> handles = UnixListener::Bind(uo, nullptr);
+  if (!handles.ok()) return fail(handles.status());
+  d.handle_listener = *std::move(handles);
+  d.state.handle_socket = d.handle_listener->path();
+  d.handle_listener->Start([&d](int conn, const Peer& peer) { ServeHandles(*d.sessions, conn, peer); });
   d.unix_listener->Start(d.server.get());
   spdlog::info("listening on unix:{}{}", d.unix_listener->path(),
                tcp_port > 0 ? absl::StrCat(" and tcp ", config.listen.tcp->host, ":", tcp_port,

@@ -103,6 +103,30 @@ grpc::ServerUnaryReactor* ExpertdService::ListModels(grpc::CallbackServerContext
   return reactor;
 }
 
+namespace {
+
+// Numbers the objects of an OpenSession answer that have no name (memfds) in the order the
+// handle socket sends them (SharedMemory.passed, 1-based) and returns their descriptors.
+std::vector<int> MarkPassed(v1::OpenSessionResponse* response) {
+  std::vector<int> fds;
+  const auto mark = [&fds](v1::SharedMemory* m) {
+    if (!m->shm_name().empty() || !m->cuda_ipc_handle().empty() || m->fd() < 0) return;
+    fds.push_back(m->fd());
+    m->set_passed(static_cast<uint32_t>(fds.size()));
+  };
+  for (v1::SlotClassHandles& h : *response->mutable_slot_classes()) {
+    for (v1::ArenaHandle& a : *h.mutable_arenas()) mark(a.mutable_memory());
+    if (h.has_fences()) {
+      mark(h.mutable_fences()->mutable_memory());
+      if (h.fences().has_session_done()) mark(h.mutable_fences()->mutable_session_done());
+    }
+  }
+  if (response->has_lane()) mark(response->mutable_lane()->mutable_memory());
+  return fds;
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* ExpertdService::OpenSession(grpc::CallbackServerContext* context,
                                                       const v1::OpenSessionRequest* request,
                                                       v1::OpenSessionResponse* response) {
@@ -134,6 +158,16 @@ grpc::ServerUnaryReactor* ExpertdService::OpenSession(grpc::CallbackServerContex
   response->set_device_kind(model->device_kind());
   for (v1::SlotClassHandles& h : (*s)->Handles()) *response->add_slot_classes() = std::move(h);
   if ((*s)->lane()) *response->mutable_lane() = (*s)->lane()->handle();
+  std::vector<int> passed = MarkPassed(response);
+  if (!passed.empty()) {
+    if (state_->handle_socket.empty()) {
+      state_->sessions->End(*s);
+      return finish(absl::FailedPreconditionError(
+          "this daemon has memfd objects but no handle socket to pass them on"));
+    }
+    response->set_handle_socket(state_->handle_socket);
+    (*s)->SetPassed(std::move(passed));
+  }
   const SessionLimits& l = state_->sessions->limits();
   v1::SessionLimits* out = response->mutable_limits();
   out->set_max_leases(l.max_leases_per_session);

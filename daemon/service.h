@@ -44,6 +44,7 @@ struct ServiceState {
   const PeerTable* peers = nullptr;
   std::vector<std::string> device_names;  // every device served, the default first
   std::string tcp_token;  // "" = TCP needs no token (allowed only on loopback by the config)
+  std::string handle_socket;  // where clients fetch passed descriptors (docs/protocol.md)
   absl::Time started_at = absl::Now();
   std::mutex models_mu;  // guards `models` while it is filled
 };

@@ -518,6 +518,32 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(
   return attached;
 }
 
+void Session::SetPassed(std::vector<int> fds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  passed_ = std::move(fds);
+}
+
+absl::StatusOr<std::pair<std::shared_ptr<Session>, std::vector<int>>> SessionRegistry::Passed(
+    const std::string& id, const Peer& peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError("unknown session id (never opened, ended, or not attached in time)");
+  }
+  const std::shared_ptr<Session>& s = it->second;
+  if (peer.pid != s->peer_.pid || peer.uid != s->peer_.uid) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "session ", id.substr(0, 8), " was opened by pid ", s->peer_.pid, " uid ", s->peer_.uid,
+        ", not pid ", peer.pid, " uid ", peer.uid));
+  }
+  std::lock_guard<std::mutex> slock(s->mu_);
+  if (s->attached_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", id.substr(0, 8), " is attached: its descriptors are fetched before Attach"));
+  }
+  return std::make_pair(s, s->passed_);
+}
+
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::AttachLocked(
     const std::string& id, const Peer& peer, std::shared_ptr<Outbox> outbox) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -104,6 +104,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<v1::SlotClassHandles> Handles() const;
   // The session's lane, or nullptr when its requests travel on the stream.
   const std::shared_ptr<LaneServer>& lane() const { return lane_; }
+  // The descriptors of the objects its OpenSession answer marks `passed` (in order); they stay
+  // open while the session lives (they belong to its objects and its model's).
+  void SetPassed(std::vector<int> fds);
 
   ~Session();
 
@@ -141,6 +144,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<std::unique_ptr<SessionFences>> fences_;
   std::vector<v1::FenceTableHandle> fence_handles_;
   std::shared_ptr<LaneServer> lane_;  // fixed after Open
+  std::vector<int> passed_;           // guarded by mu_
   bool client_gone_ = false;  // ClientGone was queued (guarded by the registry's mu_)
 
   mutable std::mutex mu_;
@@ -181,6 +185,12 @@ class SessionRegistry {
       std::function<void(const absl::Status&)> end_stream = nullptr);
   // The session's stream ended: the session is gone; its leases drain (see the file comment).
   void End(const std::shared_ptr<Session>& session);
+  // What the handle socket sends a session's client: the session (held while its descriptors
+  // are sent) and the descriptors its OpenSession answer marked `passed`, in that order
+  // (Session::SetPassed). NotFound for an unknown id; PermissionDenied unless `peer` is the
+  // process that opened it; FailedPrecondition once it is attached (clients fetch first).
+  absl::StatusOr<std::pair<std::shared_ptr<Session>, std::vector<int>>> Passed(
+      const std::string& id, const Peer& peer);
 
   // Shutdown: new acquires and sessions are refused from now on.
   void BeginDrain();

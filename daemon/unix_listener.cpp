@@ -162,7 +162,16 @@ UnixListener::~UnixListener() {
 }
 
 void UnixListener::Start(grpc::Server* server) {
-  thread_ = std::thread([this, server] { AcceptLoop(server); });
+  Start([this, server](int conn, const Peer& peer) {
+    if (peers_ != nullptr) peers_->Put(conn, peer);
+    spdlog::debug("unix listener: connection from pid {} uid {} (fd {})", peer.pid, peer.uid,
+                  conn);
+    grpc::AddInsecureChannelFromFd(server, conn);
+  });
+}
+
+void UnixListener::Start(std::function<void(int fd, const Peer& peer)> serve) {
+  thread_ = std::thread([this, serve = std::move(serve)] { AcceptLoop(serve); });
 }
 
 void UnixListener::Stop() {
@@ -172,7 +181,7 @@ void UnixListener::Stop() {
   thread_.join();
 }
 
-void UnixListener::AcceptLoop(grpc::Server* server) {
+void UnixListener::AcceptLoop(const std::function<void(int fd, const Peer& peer)>& serve) {
   const uint32_t daemon_uid = getuid();
   for (;;) {
     pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
@@ -213,10 +222,7 @@ void UnixListener::AcceptLoop(grpc::Server* server) {
     peer.uid = cred.uid;
     peer.gid = cred.gid;
     peer.pid = cred.pid;
-    peers_->Put(conn, peer);
-    spdlog::debug("unix listener: connection from pid {} uid {} (fd {})", cred.pid, cred.uid,
-                  conn);
-    grpc::AddInsecureChannelFromFd(server, conn);
+    serve(conn, peer);
   }
 }
 

@@ -55,20 +55,24 @@ absl::Status CheckSocketDirectory(const std::string& dir, uid_t daemon_uid);
 
 class UnixListener {
  public:
-  // Creates the directory and the socket and listens; accepting starts with Start().
+  // Creates the directory and the socket and listens; accepting starts with Start(). `peers`
+  // records the credentials of connections handed to gRPC (may be null for Start(serve)).
   static absl::StatusOr<std::unique_ptr<UnixListener>> Bind(UnixListenerOptions options,
                                                             PeerTable* peers);
   ~UnixListener();  // stops accepting and removes the socket file
 
   // Accepts on a thread of its own, handing allowed connections to `server` (already started).
   void Start(grpc::Server* server);
+  // The same, handing each allowed connection to `serve` (which owns and closes it) on the
+  // accept thread: for short exchanges such as the handle socket's.
+  void Start(std::function<void(int fd, const Peer& peer)> serve);
   void Stop();
   const std::string& path() const { return options_.path; }
   uint64_t refused() const { return refused_.load(); }
 
  private:
   UnixListener(UnixListenerOptions options, PeerTable* peers, int fd, int wake_fd);
-  void AcceptLoop(grpc::Server* server);
+  void AcceptLoop(const std::function<void(int fd, const Peer& peer)>& serve);
 
   const UnixListenerOptions options_;
   PeerTable* const peers_;

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "device/cuda_factory.h"
+#include "device/host/handle_passing.h"
 #include "device/host/host_device.h"
 #include "expertd/v1/service.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -29,8 +30,10 @@ absl::Status FromGrpc(const grpc::Status& s, std::string_view what) {
                                    s.error_message()));
 }
 
-SharedHandle ToHandle(const v1::SharedMemory& m) {
+// `passed`: the descriptors the handle socket sent this session (SharedMemory.passed).
+SharedHandle ToHandle(const v1::SharedMemory& m, const PassedDescriptors& passed) {
   SharedHandle h;
+  h.passed_fd = passed.ForPassed(m.passed());
   h.kind = m.cuda_ipc_handle().empty() ? SharedHandle::Kind::kHostShm : SharedHandle::Kind::kCudaIpc;
   h.shm_name = m.shm_name();
   h.fd = m.fd();
@@ -41,22 +44,22 @@ SharedHandle ToHandle(const v1::SharedMemory& m) {
   return h;
 }
 
-ArenaExport ToArenaExport(const v1::ArenaHandle& a) {
+ArenaExport ToArenaExport(const v1::ArenaHandle& a, const PassedDescriptors& passed) {
   ArenaExport ex;
-  ex.handle = ToHandle(a.memory());
+  ex.handle = ToHandle(a.memory(), passed);
   ex.bytes = a.bytes();
   ex.reserved_bytes = a.reserved_bytes();
   ex.label = a.label();
   return ex;
 }
 
-FenceExport ToFenceExport(const v1::FenceTableHandle& f) {
+FenceExport ToFenceExport(const v1::FenceTableHandle& f, const PassedDescriptors& passed) {
   FenceExport fx;
-  fx.handle = ToHandle(f.memory());
+  fx.handle = ToHandle(f.memory(), passed);
   fx.n_slots = f.n_slots();
   fx.segment_bytes = f.segment_bytes();
   fx.done_offset = f.done_offset();
-  if (f.has_session_done()) fx.session_done = ToHandle(f.session_done());
+  if (f.has_session_done()) fx.session_done = ToHandle(f.session_done(), passed);
   return fx;
 }
 
@@ -69,13 +72,14 @@ class ArenaCache {
     static ArenaCache* cache = new ArenaCache();  // never destroyed: sessions may outlive main
     return *cache;
   }
-  absl::StatusOr<std::shared_ptr<MappedArena>> Map(const v1::ArenaHandle& h) {
+  absl::StatusOr<std::shared_ptr<MappedArena>> Map(const v1::ArenaHandle& h,
+                                                    const PassedDescriptors& passed) {
     const auto key = std::make_tuple(h.memory().dev(), h.memory().inode(), h.memory().owner_pid());
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = arenas_.find(key); it != arenas_.end()) {
       if (std::shared_ptr<MappedArena> live = it->second.lock()) return live;
     }
-    absl::StatusOr<MappedArena> mapped = MapArena(ToArenaExport(h));
+    absl::StatusOr<MappedArena> mapped = MapArena(ToArenaExport(h, passed));
     if (!mapped.ok()) return mapped.status();
     auto shared = std::make_shared<MappedArena>(*std::move(mapped));
     arenas_[key] = shared;
@@ -107,14 +111,16 @@ struct ClientLane {
   std::mutex read_mu;
 };
 
-absl::StatusOr<std::unique_ptr<ClientLane>> MapLane(const v1::LaneHandle& h) {
+absl::StatusOr<std::unique_ptr<ClientLane>> MapLane(const v1::LaneHandle& h,
+                                                    const PassedDescriptors& passed) {
   lane::LaneGeometry g;
   g.request_bytes = h.request_bytes();
   g.response_bytes = h.response_bytes();
   if (g.segment_bytes() != h.segment_bytes()) {
     return absl::InternalError("the lane handle's sizes do not add up");
   }
-  absl::StatusOr<ShmMapping> map = MapSharedSegment(ToHandle(h.memory()), h.segment_bytes());
+  absl::StatusOr<ShmMapping> map =
+      MapSharedSegment(ToHandle(h.memory(), passed), h.segment_bytes());
   if (!map.ok()) {
     return absl::Status(map.status().code(),
                         absl::StrCat("request lane: ", map.status().message()));
@@ -714,17 +720,26 @@ class ClientImpl final : public Client {
             "'; set SessionOptions::cuda_device"));
       }
     }
+    // Objects without a name (memfds) come as descriptors over the handle socket; they are
+    // closed once mapped (the mappings stay).
+    PassedDescriptors passed;
+    if (!resp.handle_socket().empty()) {
+      absl::StatusOr<PassedDescriptors> fetched =
+          FetchDescriptors(resp.handle_socket(), resp.session_id(), absl::Seconds(10));
+      if (!fetched.ok()) return fetched.status();
+      passed = *std::move(fetched);
+    }
     std::vector<SlotClassView> classes;
     for (const v1::SlotClassHandles& h : resp.slot_classes()) {
       SlotClassView c;
       for (const v1::ArenaHandle& a : h.arenas()) {
         if (cuda) {
           absl::StatusOr<std::shared_ptr<const CudaArenaView>> v =
-              OpenCudaArenaIfBuilt(ToArenaExport(a), ordinal);
+              OpenCudaArenaIfBuilt(ToArenaExport(a, passed), ordinal);
           if (!v.ok()) return v.status();
           c.cuda_arenas.push_back(*std::move(v));
         } else {
-          absl::StatusOr<std::shared_ptr<MappedArena>> m = ArenaCache::Get().Map(a);
+          absl::StatusOr<std::shared_ptr<MappedArena>> m = ArenaCache::Get().Map(a, passed);
           if (!m.ok()) return m.status();
           c.arenas.push_back(*std::move(m));
         }
@@ -732,11 +747,11 @@ class ClientImpl final : public Client {
       }
       if (cuda) {
         absl::StatusOr<std::shared_ptr<CudaSessionEvents>> e =
-            OpenCudaEventsIfBuilt(ToFenceExport(h.fences()), ordinal);
+            OpenCudaEventsIfBuilt(ToFenceExport(h.fences(), passed), ordinal);
         if (!e.ok()) return e.status();
         c.events = *std::move(e);
       } else {
-        absl::StatusOr<MappedFences> f = MapFences(ToFenceExport(h.fences()));
+        absl::StatusOr<MappedFences> f = MapFences(ToFenceExport(h.fences(), passed));
         if (!f.ok()) return f.status();
         c.fences = std::make_unique<MappedFences>(*std::move(f));
       }
@@ -744,7 +759,7 @@ class ClientImpl final : public Client {
     }
     std::unique_ptr<ClientLane> lane;
     if (resp.has_lane()) {
-      absl::StatusOr<std::unique_ptr<ClientLane>> mapped = MapLane(resp.lane());
+      absl::StatusOr<std::unique_ptr<ClientLane>> mapped = MapLane(resp.lane(), passed);
       if (!mapped.ok()) return mapped.status();
       lane = *std::move(mapped);
     }

@@ -72,6 +72,9 @@ struct SharedHandle {
   uint64_t dev = 0;
   uint64_t inode = 0;
   std::string ipc_handle;  // CUDA only
+  // Client side: a descriptor of this process for the object (received over the daemon's
+  // handle socket); opened instead of the name or /proc path when set.
+  int passed_fd = -1;
 };
 
 // An arena as another process sees it: map `reserved_bytes` read-only; slots are in

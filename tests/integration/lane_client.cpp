@@ -26,7 +26,16 @@
 //                                         Once each client is closed, none of its shared-memory
 //                                         mappings and no descriptor of it is left
 //   survive-c ADDR                        the same through the C API (expertd_client.h)
+//   isolate ADDR DAEMON_PID               as a user other than the daemon's: named objects
+//                                         (arenas, fence tables) open read-only, not
+//                                         read-write; its done words and lane come only as
+//                                         passed descriptors, not through /proc/DAEMON_PID;
+//                                         another process is refused its descriptors;
+//                                         prints "isolated: ..."
 // Every check prints what failed and exits 1.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -45,6 +54,7 @@
 #include "catalog/catalog.h"
 #include "client.h"
 #include "expertd_client.h"
+#include "device/host/handle_passing.h"
 #include "device/host/host_device.h"
 #include "expertd/v1/service.grpc.pb.h"
 #include "format/gguf_model.h"
@@ -179,7 +189,13 @@ std::unique_ptr<RawLane> OpenRaw(const std::string& addr) {
   if (!st.ok()) Die(absl::StrCat("OpenSession: ", st.error_message()));
   if (!resp.has_lane()) Die("no lane offered");
   const auto& m = resp.lane().memory();
+  // The lane is a memfd: its descriptor comes over the handle socket, to this process only.
+  auto passed = expertd::FetchDescriptors(resp.handle_socket(), resp.session_id(),
+                                          absl::Seconds(5));
+  if (!passed.ok()) Die(absl::StrCat("handle socket: ", passed.status().ToString()));
   expertd::SharedHandle h;
+  h.passed_fd = passed->ForPassed(m.passed());
+  if (h.passed_fd < 0) Die("the lane was not passed as a descriptor");
   h.kind = expertd::SharedHandle::Kind::kHostShm;
   h.shm_name = m.shm_name();
   h.fd = m.fd();
@@ -491,12 +507,84 @@ int SurviveC(const std::string& addr) {
 
 }  // namespace
 
+// Run as another user than the daemon's, in its allowed group: what one client can reach of
+// the shared objects. The arenas and fence tables by name read-only, never read-write; its own
+// done words and lane only as the descriptors passed to it; no descriptor of the daemon
+// through /proc; and no other process may fetch its descriptors.
+int Isolate(const std::string& addr, int daemon_pid) {
+  if (getuid() == 0) Die("isolate must run as a user other than root");
+  auto stub = expertd::v1::Expertd::NewStub(grpc::CreateChannel(
+      expertd::client::ChannelTarget(addr), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  expertd::v1::OpenSessionRequest req;
+  req.set_model("demo");
+  req.set_client_name("isolate");
+  req.set_transport(expertd::v1::TRANSPORT_LANE);
+  expertd::v1::OpenSessionResponse resp;
+  if (grpc::Status st = stub->OpenSession(&ctx, req, &resp); !st.ok()) {
+    Die(absl::StrCat("OpenSession: ", st.error_message()));
+  }
+  int named = 0;
+  const auto shared_read_only = [&](const expertd::v1::SharedMemory& m, const char* what) {
+    if (m.shm_name().empty()) Die(absl::StrCat(what, " has no name"));
+    const int rw = shm_open(m.shm_name().c_str(), O_RDWR, 0);
+    if (rw >= 0 || errno != EACCES) Die(absl::StrCat(what, " ", m.shm_name(), " opens read-write"));
+    const int ro = shm_open(m.shm_name().c_str(), O_RDONLY, 0);
+    if (ro < 0) Die(absl::StrCat(what, " ", m.shm_name(), " does not open read-only"));
+    close(ro);
+    ++named;
+  };
+  const auto own_object = [&](const expertd::v1::SharedMemory& m, const char* what) {
+    if (!m.shm_name().empty() || m.passed() == 0) {
+      Die(absl::StrCat(what, " is not passed as a descriptor (name '", m.shm_name(), "')"));
+    }
+    const std::string proc = absl::StrCat("/proc/", daemon_pid, "/fd/", m.fd());
+    const int fd = open(proc.c_str(), O_RDWR);
+    if (fd >= 0 || errno != EACCES) Die(absl::StrCat(what, " is reachable as ", proc));
+  };
+  for (const auto& c : resp.slot_classes()) {
+    for (const auto& a : c.arenas()) shared_read_only(a.memory(), "arena");
+    shared_read_only(c.fences().memory(), "fence table");
+    if (!c.fences().has_session_done()) Die("no session done words");
+    own_object(c.fences().session_done(), "the session's done words");
+  }
+  if (!resp.has_lane()) Die("no lane");
+  own_object(resp.lane().memory(), "the lane");
+  // Another process (a child: another pid, the same user) is refused the descriptors.
+  const pid_t child = fork();
+  if (child == 0) {
+    auto other = expertd::FetchDescriptors(resp.handle_socket(), resp.session_id(),
+                                           absl::Seconds(5));
+    _exit(!other.ok() && other.status().code() == absl::StatusCode::kPermissionDenied ? 0 : 1);
+  }
+  int status = 0;
+  if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    Die("another process fetched this session's descriptors");
+  }
+  auto passed = expertd::FetchDescriptors(resp.handle_socket(), resp.session_id(),
+                                          absl::Seconds(5));
+  if (!passed.ok()) Die(absl::StrCat("own descriptors: ", passed.status().ToString()));
+  // Its own done words: writable through the descriptor it was given.
+  const auto& done = resp.slot_classes(0).fences().session_done();
+  expertd::SharedHandle h;
+  h.passed_fd = passed->ForPassed(done.passed());
+  h.dev = done.dev();
+  h.inode = done.inode();
+  auto mapped = expertd::MapSharedSegment(h, resp.slot_classes(0).fences().segment_bytes() -
+                                                 resp.slot_classes(0).fences().done_offset());
+  if (!mapped.ok()) Die(absl::StrCat("own done words: ", mapped.status().ToString()));
+  std::printf("isolated: %d named objects read-only, %zu descriptors passed\n", named,
+              passed->size());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "grants" && argc == 7) {
     return Grants(argv[2], argv[3], argv[4], std::atoi(argv[5]), std::atoi(argv[6]));
   }
   if (mode == "garbage" && argc == 3) return Garbage(argv[2]);
+  if (mode == "isolate" && argc == 4) return Isolate(argv[2], std::atoi(argv[3]));
   if (mode == "survive" && argc == 4) return Survive(argv[2], argv[3]);
   if (mode == "survive-c" && argc == 3) return SurviveC(argv[2]);
   if (mode == "deaf" && argc == 4) return Deaf(argv[2], std::atoi(argv[3]));

@@ -68,7 +68,8 @@ done
 # A corrupted Q copy is caught: place all experts in a Q pack, flip a byte, replay with the index.
 "$ctl" index build --gguf "$work/m/model.gguf" --out "$work/q.idx" --q-pack "$work/q.pack" \
   --placement all --bundle --quiet > /dev/null
-offset=$(grep -v '^[#@]' "$work/q.idx" | awk -F'\t' '$1 == "blk.0.ffn_up_exps.weight" {print $4; exit}')
+# One awk over the file: a grep piped into an awk that exits early dies of SIGPIPE (pipefail).
+offset=$(awk -F'\t' '!/^[#@]/ && $1 == "blk.0.ffn_up_exps.weight" {print $4; exit}' "$work/q.idx")
 printf '\xAA' | dd of="$work/q.pack" bs=1 seek="$offset" conv=notrunc status=none
 rc=0
 "$ctl" replay --trace "$work/trace.jsonl" --model "$work/m" --index "$work/q.idx" --capacity 48 \

@@ -219,6 +219,35 @@ TEST_F(SessionsTest, EndedSessionsAreBounded) {
   EXPECT_LE(fds(), before + 4 * per_session);
 }
 
+// The handle socket's gate: only the process that opened a session gets its descriptors, and
+// only before it attaches. A host session passes its own done words (memfds, no name).
+TEST_F(SessionsTest, PassedDescriptorsGoOnlyToTheOpenerBeforeAttach) {
+  SessionRegistry& reg = Registry();
+  auto s = reg.Open(model_.get(), peer_, "t");
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::vector<int> fds;
+  for (const v1::SlotClassHandles& h : (*s)->Handles()) {
+    ASSERT_TRUE(h.fences().has_session_done());
+    EXPECT_TRUE(h.fences().session_done().shm_name().empty());
+    fds.push_back(h.fences().session_done().fd());
+  }
+  (*s)->SetPassed(fds);
+  EXPECT_EQ(reg.Passed("00", peer_).status().code(), absl::StatusCode::kNotFound);
+  Peer other_pid = peer_;
+  other_pid.pid += 1;
+  EXPECT_EQ(reg.Passed((*s)->id(), other_pid).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  Peer other_uid = peer_;
+  other_uid.uid += 1;
+  EXPECT_EQ(reg.Passed((*s)->id(), other_uid).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  auto passed = reg.Passed((*s)->id(), peer_);
+  ASSERT_TRUE(passed.ok()) << passed.status();
+  EXPECT_EQ(passed->second, fds);
+  ASSERT_TRUE(reg.Attach((*s)->id(), peer_, std::make_shared<RecordingOutbox>()).ok());
+  EXPECT_EQ(reg.Passed((*s)->id(), peer_).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(SessionsTest, LimitsAndAttachRules) {
   SessionLimits limits;
   limits.max_sessions = 1;

@@ -229,8 +229,11 @@ class HostDevice final : public Device {
     auto* table = dynamic_cast<HostFenceTable*>(&shared);
     if (table == nullptr || table->owner() != this) return Foreign("fence table");
     const FenceLayout& layout = table->layout();
+    // Always a memfd: no name anyone could open; only the session's client gets a descriptor.
+    HostDeviceOptions own = options_;
+    own.backing = HostDeviceOptions::Backing::kMemfd;
     ASSIGN_OR_RETURN(SharedMemory memory,
-                     SharedMemory::Create(options_, "session done",
+                     SharedMemory::Create(own, "session done",
                                           layout.segment_bytes - layout.done_offset,
                                           /*clients_write=*/true));
     return std::make_unique<HostSessionFences>(*table, std::move(memory));

@@ -21,8 +21,10 @@ struct HostDeviceOptions {
   // How arenas and fence tables are created. kShmOpen: a POSIX shm object named
   // "/<shm_prefix>-<pid>-<n>-<random hex>", unlinked when the object is destroyed (a client
   // maps it by name); arenas without write access for anyone but the owner.
-  // kMemfd: an anonymous memfd, sealed against resizing (a client maps /proc/<pid>/fd/<fd>, or
-  // an fd received over a Unix socket). Either way the memory lives until the last mapping goes.
+  // kMemfd: an anonymous memfd, sealed against resizing, and against clients' write mappings
+  // where clients only read (a client maps an fd received over the daemon's handle socket, or
+  // /proc/<pid>/fd/<fd>). Either way the memory lives until the last mapping goes. A session's
+  // own done words (CreateSessionFences) are always a memfd, whatever this says.
   enum class Backing { kShmOpen, kMemfd };
   Backing backing = Backing::kShmOpen;
   std::string shm_prefix = "expertd";  // [A-Za-z0-9._-]{1,64}

@@ -41,7 +41,12 @@ absl::StatusOr<UniqueFd> OpenShared(const SharedHandle& h, bool writable, std::s
   }
   const int flags = (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC;
   UniqueFd fd;
-  if (!h.shm_name.empty()) {
+  if (h.passed_fd >= 0) {
+    // Received over the handle socket: this process's own descriptor for the object.
+    *what = h.shm_name.empty() ? absl::StrCat("passed descriptor ", h.passed_fd) : h.shm_name;
+    fd = UniqueFd(::fcntl(h.passed_fd, F_DUPFD_CLOEXEC, 0));
+    if (fd.get() < 0) return SysError("fcntl(F_DUPFD_CLOEXEC)", *what, errno);
+  } else if (!h.shm_name.empty()) {
     *what = h.shm_name;
     fd = UniqueFd(::shm_open(h.shm_name.c_str(), flags, 0));
     if (fd.get() < 0) return SysError("shm_open", *what, errno);
@@ -140,15 +145,21 @@ absl::StatusOr<SharedMemory> SharedMemory::Create(const HostDeviceOptions& optio
       err != 0 && err != EOPNOTSUPP && err != EINVAL) {
     return SysError("posix_fallocate", absl::StrCat(what, ", ", bytes, " bytes"), err);
   }
-  if (options.backing == HostDeviceOptions::Backing::kMemfd &&
-      ::fcntl(m.fd_.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    return SysError("fcntl(F_ADD_SEALS)", what, errno);
-  }
   struct stat st {};
   if (::fstat(m.fd_.get(), &st) != 0) return SysError("fstat", what, errno);
   m.dev_ = st.st_dev;
   m.inode_ = st.st_ino;
   ASSIGN_OR_RETURN(m.map_, MapFd(m.fd_.get(), 0, bytes, PROT_READ | PROT_WRITE, what));
+  if (options.backing == HostDeviceOptions::Backing::kMemfd) {
+    // A memfd has no mode that keeps a client from writing through the descriptor it is passed
+    // (or from reopening it read-write through /proc): objects clients only read are sealed
+    // against every write mapping made after the daemon's own.
+    const int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL |
+                      (clients_write ? 0 : F_SEAL_FUTURE_WRITE);
+    if (::fcntl(m.fd_.get(), F_ADD_SEALS, seals) != 0) {
+      return SysError("fcntl(F_ADD_SEALS)", what, errno);
+    }
+  }
   return m;
 }
 

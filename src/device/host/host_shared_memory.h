@@ -70,7 +70,9 @@ class SharedMemory {
  public:
   // A new object of exactly `bytes` bytes, a named shm object or a memfd per `options.backing`
   // (`label` names a memfd). A named object has mode `options.shm_mode`, without the group's
-  // and others' write bits unless `clients_write` (arenas: clients only read them). Its name
+  // and others' write bits unless `clients_write` (arenas: clients only read them); a memfd is
+  // sealed against resizing and, unless `clients_write`, against write mappings other than the
+  // daemon's own (F_SEAL_FUTURE_WRITE). Its name
   // ends in 64 random bits, so that nobody can create it first (a name taken anyway is
   // skipped). Errors carry the call, the name and strerror.
   static absl::StatusOr<SharedMemory> Create(const HostDeviceOptions& options,
