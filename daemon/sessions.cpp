@@ -436,6 +436,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(ServedModel* mode
                                                                std::string client_name,
                                                                v1::Transport transport) {
   client_name = ClientNameForStats(std::move(client_name));
+  // Refused before anything is made for it (a lane, done fences: on CUDA one IPC event per
+  // slot); checked again under the lock below.
+  if (absl::Status room = Room(); !room.ok()) return room;
   std::shared_ptr<LaneServer> lane;
   if (transport != v1::TRANSPORT_STREAM) {
     if (lanes_ == nullptr || !lanes_->enabled || !peer.unix_socket) {
@@ -469,13 +472,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(ServedModel* mode
     fence_handles.push_back(ToFenceHandle(*e));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (draining_) {
-    return absl::UnavailableError("the daemon is shutting down: no new sessions");
-  }
-  if (sessions_.size() >= limits_.max_sessions) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the daemon serves ", sessions_.size(), " sessions (limits.max_sessions); close one first"));
-  }
+  if (absl::Status room = RoomLocked(); !room.ok()) return room;
   std::shared_ptr<Session> s(
       new Session(this, NewSessionId(), model, peer, std::move(client_name)));
   s->fences_ = std::move(fences);
@@ -493,6 +490,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(
     absl::StatusOr<std::shared_ptr<Session>> s = AttachLocked(id, peer, std::move(outbox));
     if (!s.ok()) return s;
     attached = *std::move(s);
+    std::lock_guard<std::mutex> slock(attached->mu_);
+    attached->end_stream_ = end_stream;
   }
   if (const std::shared_ptr<LaneServer>& lane = attached->lane_) {
     lane->Unlink();  // the client mapped it before attaching
@@ -516,6 +515,20 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(
         });
   }
   return attached;
+}
+
+absl::Status SessionRegistry::Room() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return RoomLocked();
+}
+
+absl::Status SessionRegistry::RoomLocked() const {
+  if (draining_) return absl::UnavailableError("the daemon is shutting down: no new sessions");
+  if (sessions_.size() >= limits_.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the daemon serves ", sessions_.size(), " sessions (limits.max_sessions); close one first"));
+  }
+  return absl::OkStatus();
 }
 
 void Session::SetPassed(std::vector<int> fds) {
@@ -691,6 +704,9 @@ void SessionRegistry::ReapOnce(absl::Time now) {
   std::vector<Expired> expired;  // reclaimed from live sessions: the client is told
   std::vector<std::pair<std::shared_ptr<Session>, Grant>> released;
   std::vector<std::shared_ptr<Session>> gone;  // their client process exited (once each)
+  // Attached sessions whose process exited, and how to end their streams.
+  std::vector<std::pair<std::shared_ptr<Session>, std::function<void(const absl::Status&)>>>
+      orphaned;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = sessions_.begin(); it != sessions_.end();) {
@@ -702,11 +718,13 @@ void SessionRegistry::ReapOnce(absl::Time now) {
         it = sessions_.erase(it);
         continue;
       }
-      // A client process that died while its stream stays open (a child holds the socket):
-      // none of its done records needs waiting for any more.
-      if (s.WaitsForClient() && !s.client_gone_ && ProcessExited(s.pidfd_)) {
+      // A client process that died while its stream stays open (a child inherited the socket,
+      // or the connection is not torn down yet): none of its done records needs waiting for
+      // any more, and the session ends: nothing of it may outlive the process that opened it.
+      if (s.attached_ && !s.client_gone_ && ProcessExited(s.pidfd_)) {
         s.client_gone_ = true;
         gone.push_back(it->second);
+        if (s.end_stream_) orphaned.emplace_back(it->second, s.end_stream_);
       }
       const bool idle = now - s.last_request_ > limits_.lease_ttl;
       for (auto lit = s.leases_.begin(); lit != s.leases_.end();) {
@@ -775,6 +793,15 @@ void SessionRegistry::ReapOnce(absl::Time now) {
   // Draining leases: ForceDone is a no-op where the client did signal done.
   for (auto& [session, grant] : released) session->Reclaim(grant);
   for (const std::shared_ptr<Session>& session : gone) session->ClientGone();
+  for (auto& [session, end_stream] : orphaned) {
+    spdlog::warn("session {} ({}, pid {}): its process exited while the stream stayed open; "
+                 "ending the session",
+                 session->id().substr(0, 8),
+                 session->client_name().empty() ? "-" : session->client_name(),
+                 session->peer().pid);
+    end_stream(absl::UnavailableError(absl::StrCat(
+        "the process that opened this session (pid ", session->peer().pid, ") exited")));
+  }
   if (!expired.empty() || !released.empty()) Notify();
 }
 

@@ -145,6 +145,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<v1::FenceTableHandle> fence_handles_;
   std::shared_ptr<LaneServer> lane_;  // fixed after Open
   std::vector<int> passed_;           // guarded by mu_
+  // Ends the session's stream (from Attach); the reaper calls it when the process that opened
+  // the session exited while the stream stayed open. Guarded by mu_.
+  std::function<void(const absl::Status&)> end_stream_;
   bool client_gone_ = false;  // ClientGone was queued (guarded by the registry's mu_)
 
   mutable std::mutex mu_;
@@ -223,6 +226,9 @@ class SessionRegistry {
   std::vector<Draining> watched_;
   void ReaperLoop();
   void Notify();
+  // OK while a session may be opened: not draining and below max_sessions.
+  absl::Status Room() const;
+  absl::Status RoomLocked() const;
   absl::StatusOr<std::shared_ptr<Session>> AttachLocked(const std::string& id, const Peer& peer,
                                                         std::shared_ptr<Outbox> outbox);
 

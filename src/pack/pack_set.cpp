@@ -480,8 +480,11 @@ std::vector<PackId> PackSet::CheckFiles() const {
     } else {
       const int probe = ::open(p.entry.path.c_str(), O_RDONLY | O_CLOEXEC);
       if (probe < 0) {
-        why = ErrnoError(ErrorKind::kIo, absl::StrCat(p.Name(), ": can no longer be opened"),
-                         errno);
+        // FAILED_PRECONDITION, like the other cases: the operator has to act (clients retry
+        // UNAVAILABLE, which would only make every acquire wait out its timeout).
+        why = MakeError(absl::StatusCode::kFailedPrecondition, ErrorKind::kIo,
+                        absl::StrCat(p.Name(), ": can no longer be opened: ", std::strerror(errno),
+                                     "; make it readable again and reload (SIGHUP)"));
       } else {
         ::close(probe);
       }

@@ -7,7 +7,10 @@
 #  3. the file replaced by a copy (a new inode): noticed, and served again after SIGHUP;
 #  4. the file replaced by another model's file: noticed, and SIGHUP refuses to serve it
 #     ("another file"); a serves again once the right file is back and SIGHUP is sent;
-#  5. SIGTERM: exit 0.
+#  5. the file made unreadable (mode 000): noticed ("can no longer be opened"), acquires fail
+#     naming the file; readable again and SIGHUP: served again. Permissions do not stop root, so
+#     when the test runs as root the daemon runs as nobody (setpriv);
+#  6. SIGTERM: exit 0.
 #   daemon_packs.sh EXPERTD EXPERTCTL TRACE
 set -euo pipefail
 expertd=$1 ctl=$2 trace=$3
@@ -22,11 +25,21 @@ fail() { echo "FAIL: $*"; echo "--- daemon log"; tail -30 "$work/daemon.log" 2> 
 
 sock=$work/run/expertd.sock
 addr=unix://$sock
+as_daemon=()
+if [ "$(id -u)" = 0 ] && command -v setpriv > /dev/null; then
+  # Root reads a mode-000 file anyway: the daemon runs as nobody, root clients allowed.
+  as_daemon=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+  chmod 755 "$work"
+  mkdir -m 750 "$work/run"
+  chown 65534:65534 "$work/run"
+fi
 "$ctl" synth --preset mixtral-tiny --out "$work/a" --seed 1 > /dev/null
 "$ctl" synth --preset mixtral-tiny --out "$work/b" --seed 2 > /dev/null
 a=$work/a/model.gguf b=$work/b/model.gguf
 cp "$a" "$work/a.orig"
 cat > "$work/expertd.toml" << EOF
+[listen]
+allowed_uids = [$(id -u)]
 [device]
 slot_memory = "6MiB"
 [[model]]
@@ -58,7 +71,8 @@ bench() {  # bench MODEL OUT [args]: prints the exit code
 }
 field() { /usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
 
-"$expertd" --config "$work/expertd.toml" --socket "$sock" > "$work/daemon.log" 2>&1 &
+chmod -R a+rX "$work/a" "$work/b"
+"${as_daemon[@]}" "$expertd" --config "$work/expertd.toml" --socket "$sock" > "$work/daemon.log" 2>&1 &
 daemon=$!
 for _ in $(seq 1 240); do
   [ "$(health a)" = 0 ] && break
@@ -120,7 +134,22 @@ kill -HUP "$daemon"
 wait_health a 0 "after the right file came back"
 [ "$(bench a "$work/a4" --gguf "$a" --limit 300)" = 0 ] || fail "bench a at the end"
 
-echo "== 5. SIGTERM"
+echo "== 5. the file made unreadable: noticed, acquires fail naming it; readable + SIGHUP: served"
+chmod 000 "$a"
+wait_health a 4 "after chmod 000"
+grep -q "($a): can no longer be opened" "$work/daemon.log" || fail "no log line for the unreadable pack"
+rc=$(bench a "$work/a5" --limit 600)
+[ "$rc" = 1 ] || fail "bench a on an unreadable file: exit $rc, want 1"
+grep -q "($a): can no longer be opened" "$work/a5.err" ||
+  { cat "$work/a5.err"; fail "the acquire errors do not name the unreadable file"; }
+[ "$(health b)" = 0 ] || fail "b stopped serving when a's file became unreadable"
+chmod 644 "$a"
+kill -HUP "$daemon"
+wait_health a 0 "after the file was readable again and SIGHUP"
+[ "$(bench a "$work/a6" --gguf "$a" --limit 300)" = 0 ] || fail "bench a after chmod back"
+echo "a: $(field "$work/a5.json" errors) of $(field "$work/a5.json" accesses) acquires failed while unreadable"
+
+echo "== 6. SIGTERM"
 kill -TERM "$daemon"
 rc=0; wait "$daemon" || rc=$?
 daemon=

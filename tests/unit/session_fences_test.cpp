@@ -290,6 +290,24 @@ TEST_F(SessionFencesTest, AnEndedSessionsLeasesWaitForItsProcessToExit) {
   EXPECT_TRUE(log_.Take().empty());  // said once
 }
 
+// An open refused at max_sessions makes nothing first: no done fences (on CUDA one IPC event per
+// slot), no lane.
+TEST_F(SessionFencesTest, ARefusedOpenCreatesNoFences) {
+  SessionLimits limits;
+  limits.max_sessions = 1;
+  limits.reap_interval = absl::Hours(1);
+  registry_ = std::make_unique<SessionRegistry>(limits);
+  auto first = registry_->Open(model_.get(), peer_, "first");
+  ASSERT_TRUE(first.ok()) << first.status();
+  const uint64_t made = device_->sources();
+  EXPECT_EQ(made, model_->handles().size());
+  for (int i = 0; i < 10; ++i) {
+    auto refused = registry_->Open(model_.get(), peer_, "more");
+    ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  }
+  EXPECT_EQ(device_->sources(), made);
+}
+
 TEST_F(SessionFencesTest, AClientThatDiesWithItsStreamStillOpenIsGoneOnce) {
   const pid_t child = fork();
   ASSERT_GE(child, 0);
@@ -313,7 +331,8 @@ TEST_F(SessionFencesTest, AClientThatDiesWithItsStreamStillOpenIsGoneOnce) {
   kill(child, SIGKILL);
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
-  // The stream is still open (another process could hold the socket), the session lives on.
+  // The stream is still open (another process could hold the socket); the registry ends it
+  // through the end_stream callback, which this test does not pass: the session lives on.
   registry_->ReapOnce(absl::Now());
   std::vector<Call> got = log_.Take();
   ASSERT_EQ(got.size(), model_->handles().size());

@@ -6,7 +6,10 @@
 
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <condition_variable>
 #include <filesystem>
@@ -191,6 +194,40 @@ TEST_F(SessionsTest, OneSessionCannotLeaseThePool) {
 // A client that opens, acquires and closes in a loop without giving leases back: the ended
 // sessions waiting for their leases stay bounded (max_sessions), and so do their pidfds and
 // slots.
+// An attached session does not outlive the process that opened it, even while its stream stays
+// open (here: nothing ends it; in the daemon a child that inherited the connection).
+TEST_F(SessionsTest, AttachedSessionEndsWhenItsProcessExits) {
+  SessionRegistry& reg = Registry();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  Peer opener = peer_;
+  opener.pid = child;
+  auto s = reg.Open(model_.get(), opener, "orphan");
+  ASSERT_TRUE(s.ok()) << s.status();
+  absl::Status ended;
+  int calls = 0;
+  ASSERT_TRUE(reg.Attach((*s)->id(), opener, std::make_shared<RecordingOutbox>(),
+                         [&](const absl::Status& why) {
+                           ended = why;
+                           ++calls;
+                         })
+                  .ok());
+  reg.ReapOnce(absl::Now());
+  EXPECT_EQ(calls, 0);  // alive: nothing happens
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  reg.ReapOnce(absl::Now());
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(ended.code(), absl::StatusCode::kUnavailable) << ended;
+  EXPECT_NE(ended.message().find(absl::StrCat("pid ", child)), std::string::npos) << ended;
+  reg.ReapOnce(absl::Now());
+  EXPECT_EQ(calls, 1);  // once
+}
+
 TEST_F(SessionsTest, EndedSessionsAreBounded) {
   SessionLimits limits;
   limits.max_sessions = 4;
