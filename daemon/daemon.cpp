@@ -70,9 +70,6 @@ LaneOptions LanesFrom(const DaemonConfig& config) {
   // A memfd passed to the session's process alone (the handle socket): no name another client
   // could open to write requests into someone else's lane.
   o.shm.backing = HostDeviceOptions::Backing::kMemfd;
-  // Like the arenas: clients of other users reach their lane through the daemon's group.
-  const bool others = !config.listen.allowed_uids.empty() || !config.listen.allowed_gids.empty();
-  o.shm.shm_mode = others ? 0660 : 0600;
   return o;
 }
 
@@ -228,10 +225,11 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeDevices(const DaemonCon
   }
   HostDeviceOptions ho;
   ho.copy_threads = dc.copy_streams;
-  ho.shm_prefix = absl::StrCat("expertd-", getpid());
-  // Clients of other users reach the shared memory through the daemon's group.
-  const bool others = !config.listen.allowed_uids.empty() || !config.listen.allowed_gids.empty();
-  ho.shm_mode = others ? 0660 : 0600;
+  // Arenas and fence tables are memfds passed to each session's process (the handle socket):
+  // nothing in /dev/shm, so a daemon that dies leaves nothing to clean; the memory goes with
+  // the last process that maps it.
+  ho.backing = HostDeviceOptions::Backing::kMemfd;
+  ho.shm_prefix = "expertd";  // memfd names, shown in /proc/PID/maps as "/memfd:expertd:LABEL"
   absl::StatusOr<std::unique_ptr<Device>> device = MakeHostDevice(ho);
   if (!device.ok()) return device.status();
   devices.push_back(*std::move(device));

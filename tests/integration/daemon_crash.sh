@@ -4,9 +4,9 @@
 # survive-c):
 #  1. the client's next call fails with UNAVAILABLE within 1 s of the kill, and the lease it
 #     still holds stays readable with the right bytes (no SIGBUS);
-#  2. the killed daemon's shared-memory names are left in /dev/shm (the leak this guards
-#     against), and the next daemon's start removes them, and any other name of a process that
-#     no longer exists, but keeps names of live processes; it logs what it removed;
+#  2. the killed daemon left no name in /dev/shm (its objects are memfds); the next daemon's
+#     start removes names a dead process left (an older daemon that used shm_open; here a name
+#     made for an exited pid) but keeps names of live processes, and logs what it removed;
 #  3. the same client processes open a session on the new daemon and verify a lease; once they
 #     close their sessions, none of their shared-memory mappings or descriptors is left.
 #   daemon_crash.sh EXPERTD LANE_CLIENT
@@ -74,9 +74,11 @@ kill -0 "$client" 2> /dev/null || { cat "$work/client.txt"; fail "the client die
 kill -0 "$cclient" 2> /dev/null || { cat "$work/cclient.txt"; fail "the C client died"; }
 
 echo "== 2. what the killed daemon left, and the next start"
+# Its arenas, fence tables, done words and lanes are memfds: no name to leave behind.
 left=$(ls /dev/shm | grep -cE "^expertd-(lane-)?$first-" || true)
 echo "names of the killed daemon (pid $first) in /dev/shm: $left"
-[ "$left" -gt 0 ] || fail "the killed daemon left no names: this test checks nothing"
+[ "$left" -eq 0 ] || fail "the killed daemon left $left names in /dev/shm"
+# Names an older daemon (one that used shm_open) would have left are still reclaimed at start.
 # A name of another process that no longer exists, and one of a live process (this shell).
 sh -c 'exit 0' &
 gone=$!
@@ -84,18 +86,15 @@ wait $gone
 : > "/dev/shm/expertd-lane-$gone-7"
 : > "$live_name"
 start_daemon
-after=$(ls /dev/shm | grep -cE "^expertd-(lane-)?$first-" || true)
-[ "$after" -eq 0 ] || fail "$after names of the killed daemon are still there"
 [ ! -e "/dev/shm/expertd-lane-$gone-7" ] || fail "the name of exited pid $gone is still there"
 [ -e "$live_name" ] || fail "the name of a live process was removed"
-# At least those (other tests' killed daemons may have left names too), with both pids named.
+# At least that one (other dead processes may have left names too), with its pid named.
 removed=$(grep -o "removed [0-9]* shared-memory object(s).*" "$work/daemon.log") ||
   fail "the daemon did not log the names it removed"
 echo "$removed"
 n=$(echo "$removed" | awk '{print $2}')
-[ "$n" -ge $((left + 1)) ] || fail "the daemon logged $n names removed, at least $((left + 1)) expected"
-echo "$removed" | grep -qw "$first" && echo "$removed" | grep -qw "$gone" ||
-  fail "the log does not name pids $first and $gone"
+[ "$n" -ge 1 ] || fail "the daemon logged $n names removed, at least 1 expected"
+echo "$removed" | grep -qw "$gone" || fail "the log does not name pid $gone"
 
 echo "== 3. the same client processes on the new daemon; nothing of the old ones left"
 rc=0; wait "$client" || rc=$?

@@ -26,10 +26,11 @@
 //                                         Once each client is closed, none of its shared-memory
 //                                         mappings and no descriptor of it is left
 //   survive-c ADDR                        the same through the C API (expertd_client.h)
-//   isolate ADDR DAEMON_PID               as a user other than the daemon's: named objects
-//                                         (arenas, fence tables) open read-only, not
-//                                         read-write; its done words and lane come only as
-//                                         passed descriptors, not through /proc/DAEMON_PID;
+//   isolate ADDR DAEMON_PID               as a user other than the daemon's: arenas and fence
+//                                         tables map read-only, never read-write (by name, by
+//                                         the passed descriptor, or reopened through /proc);
+//                                         its done words and lane come only as passed
+//                                         descriptors; nothing opens through /proc/DAEMON_PID;
 //                                         another process is refused its descriptors;
 //                                         prints "isolated: ..."
 // Every check prints what failed and exits 1.
@@ -342,7 +343,10 @@ int Deaf(const std::string& addr, int n) {
 int ShmMappings() {
   std::ifstream maps("/proc/self/maps");
   int n = 0;
-  for (std::string line; std::getline(maps, line);) n += line.find("/dev/shm/expertd-") != std::string::npos;
+  for (std::string line; std::getline(maps, line);) {
+    n += line.find("/dev/shm/expertd-") != std::string::npos ||
+         line.find("/memfd:expertd") != std::string::npos;
+  }
   return n;
 }
 // Descriptors a session could leave: sockets, shared-memory objects, memfds, pidfds. (gRPC's
@@ -524,32 +528,6 @@ int Isolate(const std::string& addr, int daemon_pid) {
   if (grpc::Status st = stub->OpenSession(&ctx, req, &resp); !st.ok()) {
     Die(absl::StrCat("OpenSession: ", st.error_message()));
   }
-  int named = 0;
-  const auto shared_read_only = [&](const expertd::v1::SharedMemory& m, const char* what) {
-    if (m.shm_name().empty()) Die(absl::StrCat(what, " has no name"));
-    const int rw = shm_open(m.shm_name().c_str(), O_RDWR, 0);
-    if (rw >= 0 || errno != EACCES) Die(absl::StrCat(what, " ", m.shm_name(), " opens read-write"));
-    const int ro = shm_open(m.shm_name().c_str(), O_RDONLY, 0);
-    if (ro < 0) Die(absl::StrCat(what, " ", m.shm_name(), " does not open read-only"));
-    close(ro);
-    ++named;
-  };
-  const auto own_object = [&](const expertd::v1::SharedMemory& m, const char* what) {
-    if (!m.shm_name().empty() || m.passed() == 0) {
-      Die(absl::StrCat(what, " is not passed as a descriptor (name '", m.shm_name(), "')"));
-    }
-    const std::string proc = absl::StrCat("/proc/", daemon_pid, "/fd/", m.fd());
-    const int fd = open(proc.c_str(), O_RDWR);
-    if (fd >= 0 || errno != EACCES) Die(absl::StrCat(what, " is reachable as ", proc));
-  };
-  for (const auto& c : resp.slot_classes()) {
-    for (const auto& a : c.arenas()) shared_read_only(a.memory(), "arena");
-    shared_read_only(c.fences().memory(), "fence table");
-    if (!c.fences().has_session_done()) Die("no session done words");
-    own_object(c.fences().session_done(), "the session's done words");
-  }
-  if (!resp.has_lane()) Die("no lane");
-  own_object(resp.lane().memory(), "the lane");
   // Another process (a child: another pid, the same user) is refused the descriptors.
   const pid_t child = fork();
   if (child == 0) {
@@ -564,16 +542,69 @@ int Isolate(const std::string& addr, int daemon_pid) {
   auto passed = expertd::FetchDescriptors(resp.handle_socket(), resp.session_id(),
                                           absl::Seconds(5));
   if (!passed.ok()) Die(absl::StrCat("own descriptors: ", passed.status().ToString()));
-  // Its own done words: writable through the descriptor it was given.
-  const auto& done = resp.slot_classes(0).fences().session_done();
-  expertd::SharedHandle h;
-  h.passed_fd = passed->ForPassed(done.passed());
-  h.dev = done.dev();
-  h.inode = done.inode();
-  auto mapped = expertd::MapSharedSegment(h, resp.slot_classes(0).fences().segment_bytes() -
-                                                 resp.slot_classes(0).fences().done_offset());
-  if (!mapped.ok()) Die(absl::StrCat("own done words: ", mapped.status().ToString()));
-  std::printf("isolated: %d named objects read-only, %zu descriptors passed\n", named,
+  const auto handle = [&](const expertd::v1::SharedMemory& m) {
+    expertd::SharedHandle h;
+    h.shm_name = m.shm_name();
+    h.passed_fd = passed->ForPassed(m.passed());
+    h.dev = m.dev();
+    h.inode = m.inode();
+    return h;
+  };
+  // Nothing reaches the daemon's own descriptors.
+  const auto not_through_proc = [&](const expertd::v1::SharedMemory& m, const char* what) {
+    const std::string proc = absl::StrCat("/proc/", daemon_pid, "/fd/", m.fd());
+    const int fd = open(proc.c_str(), O_RDONLY);
+    if (fd >= 0 || errno != EACCES) Die(absl::StrCat(what, " is reachable as ", proc));
+  };
+  int shared = 0;
+  // Arenas and fence tables: readable, never writable, whichever way they come.
+  const auto shared_read_only = [&](const expertd::v1::SharedMemory& m, uint64_t bytes,
+                                    const char* what) {
+    ++shared;
+    if (!m.shm_name().empty()) {
+      const int rw = shm_open(m.shm_name().c_str(), O_RDWR, 0);
+      if (rw >= 0 || errno != EACCES) Die(absl::StrCat(what, " ", m.shm_name(), " opens read-write"));
+      const int ro = shm_open(m.shm_name().c_str(), O_RDONLY, 0);
+      if (ro < 0) Die(absl::StrCat(what, " ", m.shm_name(), " does not open read-only"));
+      close(ro);
+      return;
+    }
+    not_through_proc(m, what);
+    const int fd = passed->ForPassed(m.passed());
+    if (fd < 0) Die(absl::StrCat(what, " has neither a name nor a passed descriptor"));
+    void* w = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (w != MAP_FAILED) Die(absl::StrCat(what, ": its passed descriptor maps writable"));
+    void* r = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (r == MAP_FAILED) Die(absl::StrCat(what, ": its passed descriptor does not map read-only"));
+    munmap(r, bytes);
+    const std::string self = absl::StrCat("/proc/self/fd/", fd);  // reopened for writing
+    const int again = open(self.c_str(), O_RDWR);
+    if (again >= 0) {
+      void* w2 = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, again, 0);
+      close(again);
+      if (w2 != MAP_FAILED) Die(absl::StrCat(what, ": reopened through /proc, it maps writable"));
+    }
+  };
+  // The session's own objects: only as passed descriptors, and writable through them.
+  const auto own_object = [&](const expertd::v1::SharedMemory& m, uint64_t bytes,
+                              const char* what) {
+    if (!m.shm_name().empty() || m.passed() == 0) {
+      Die(absl::StrCat(what, " is not passed as a descriptor (name '", m.shm_name(), "')"));
+    }
+    not_through_proc(m, what);
+    auto mapped = expertd::MapSharedSegment(handle(m), bytes);
+    if (!mapped.ok()) Die(absl::StrCat(what, ": ", mapped.status().ToString()));
+  };
+  for (const auto& c : resp.slot_classes()) {
+    for (const auto& a : c.arenas()) shared_read_only(a.memory(), a.reserved_bytes(), "arena");
+    shared_read_only(c.fences().memory(), c.fences().segment_bytes(), "fence table");
+    if (!c.fences().has_session_done()) Die("no session done words");
+    own_object(c.fences().session_done(), c.fences().segment_bytes() - c.fences().done_offset(),
+               "the session's done words");
+  }
+  if (!resp.has_lane()) Die("no lane");
+  own_object(resp.lane().memory(), resp.lane().segment_bytes(), "the lane");
+  std::printf("isolated: %d shared objects read-only, %zu descriptors passed\n", shared,
               passed->size());
   return 0;
 }
