@@ -208,6 +208,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeDevices(const DaemonCon
       CudaDeviceOptions co;
       co.ordinal = ordinal;
       co.copy_streams = std::min<uint32_t>(dc.copy_streams, 16);
+      // A done record pending as long as a lease may be held idle is given up on.
+      co.done_record_timeout = absl::FromChrono(config.limits.lease_ttl);
       absl::StatusOr<std::unique_ptr<Device>> device = MakeCudaDeviceIfBuilt(co);
       if (!device.ok()) {
         failed = absl::Status(device.status().code(),
@@ -314,10 +316,11 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
   for (const auto& device : d.devices) {
     d.state.device_names.emplace_back(device->name());
     const Capabilities& c = device->caps();
+    const std::string notes = device->notes();
     spdlog::info("serving from device {} ({} copy engine(s), {}pinned staging, arenas up to {} "
-                 "bytes)",
+                 "bytes{}{})",
                  device->name(), c.copy_engines, c.staging_pinned ? "" : "un",
-                 c.max_arena_bytes);
+                 c.max_arena_bytes, notes.empty() ? "" : "; ", notes);
   }
 
   d.sessions = std::make_unique<SessionRegistry>(LimitsFrom(config.limits), LanesFrom(config));

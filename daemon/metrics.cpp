@@ -127,6 +127,11 @@ std::string RenderMetrics(ServiceState& state) {
   Header(out, "expertd_lane_failures_total", "counter",
          "Sessions failed because the client broke the lane protocol.");
   out << "expertd_lane_failures_total " << state.sessions->lane_failures() << '\n';
+  Header(out, "expertd_done_record_failures_total", "counter",
+         "Sessions ended because the device gave up on their GPU done records (the client's "
+         "context failed, or a record stayed pending longer than limits.lease_ttl).");
+  out << "expertd_done_record_failures_total " << state.sessions->done_record_failures()
+      << '\n';
   // Buckets from 1 µs to ~4 s, in powers of four.
   const std::vector<double> bounds_s = {1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1e-3,
                                         4e-3, 16e-3, 64e-3, 256e-3, 1.0,   4.0};

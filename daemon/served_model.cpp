@@ -109,6 +109,7 @@ absl::Status ServedModel::Start(Device& device, const PackSetOptions& pack_optio
                                 const EngineOptions& engine_options) {
   device_ = &device;
   device_kind_ = device.name().starts_with("cuda") ? "cuda" : "host";
+  device_uuid_ = device.hardware_id();
   session_fences_ = device.caps().session_fences;
   absl::StatusOr<GgufModel> gguf = GgufModel::Open(spec_.gguf);
   if (!gguf.ok()) return gguf.status();

@@ -48,6 +48,7 @@ class ServedModel {
   // The device the model's slots live on ("host", "cuda:0") and its kind ("host", "cuda").
   std::string_view device_name() const { return device_->name(); }
   const std::string& device_kind() const { return device_kind_; }
+  const std::string& device_uuid() const { return device_uuid_; }  // Device::hardware_id()
   const ModelCatalog& catalog() const { return *catalog_; }
   const PackSet& packs() const { return *packs_; }
   // Packs whose files changed under the daemon (PackSet::CheckFiles): marks them failed and
@@ -86,6 +87,7 @@ class ServedModel {
   ModelSpec spec_;
   Device* device_ = nullptr;
   std::string device_kind_;
+  std::string device_uuid_;
   bool session_fences_ = false;
   std::unique_ptr<GgufModel> gguf_;
   std::unique_ptr<ExpertIndex> index_;

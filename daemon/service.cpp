@@ -156,6 +156,7 @@ grpc::ServerUnaryReactor* ExpertdService::OpenSession(grpc::CallbackServerContex
   *response->mutable_model() = model->info();
   response->set_device(std::string(model->device_name()));
   response->set_device_kind(model->device_kind());
+  response->set_device_uuid(model->device_uuid());
   for (v1::SlotClassHandles& h : (*s)->Handles()) *response->add_slot_classes() = std::move(h);
   if ((*s)->lane()) *response->mutable_lane() = (*s)->lane()->handle();
   std::vector<int> passed = MarkPassed(response);

@@ -263,7 +263,15 @@ void Session::Prefetch(const v1::Prefetch& request) {
   if (!experts.empty()) model_->engine().Prefetch(request.layer(), experts);
 }
 
+absl::Status Session::FencesFailure() const {
+  for (const std::unique_ptr<SessionFences>& f : fences_) {
+    if (absl::Status st = f->Failure(); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
 bool Session::DonePassed(const Grant& grant) const {
+  if (!FencesFailure().ok()) return true;  // nothing of it is waited for any more
   for (const GrantedSlot& s : grant.slots) {
     if (!fences_[s.slot_class]->Signalled(s.slot, s.generation)) return false;
   }
@@ -707,6 +715,13 @@ void SessionRegistry::ReapOnce(absl::Time now) {
   // Attached sessions whose process exited, and how to end their streams.
   std::vector<std::pair<std::shared_ptr<Session>, std::function<void(const absl::Status&)>>>
       orphaned;
+  // Attached sessions whose done records the device gave up on.
+  struct FencesFailed {
+    std::shared_ptr<Session> session;
+    std::function<void(const absl::Status&)> end_stream;
+    absl::Status why;
+  };
+  std::vector<FencesFailed> fences_failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = sessions_.begin(); it != sessions_.end();) {
@@ -725,6 +740,12 @@ void SessionRegistry::ReapOnce(absl::Time now) {
         s.client_gone_ = true;
         gone.push_back(it->second);
         if (s.end_stream_) orphaned.emplace_back(it->second, s.end_stream_);
+      }
+      if (s.attached_ && !s.fences_failed_ && !s.client_gone_) {
+        if (absl::Status why = s.FencesFailure(); !why.ok()) {
+          s.fences_failed_ = true;
+          fences_failed.push_back({it->second, s.end_stream_, std::move(why)});
+        }
       }
       const bool idle = now - s.last_request_ > limits_.lease_ttl;
       for (auto lit = s.leases_.begin(); lit != s.leases_.end();) {
@@ -801,6 +822,16 @@ void SessionRegistry::ReapOnce(absl::Time now) {
                  session->peer().pid);
     end_stream(absl::UnavailableError(absl::StrCat(
         "the process that opened this session (pid ", session->peer().pid, ") exited")));
+  }
+  for (FencesFailed& f : fences_failed) {
+    ++done_record_failures_;
+    spdlog::warn("session {} ({}, pid {}): ending it: {}", f.session->id().substr(0, 8),
+                 f.session->client_name().empty() ? "-" : f.session->client_name(),
+                 f.session->peer().pid, std::string(f.why.message()));
+    if (f.end_stream) {
+      f.end_stream(absl::AbortedError(absl::StrCat("the daemon ended this session: ",
+                                                   f.why.message())));
+    }
   }
   if (!expired.empty() || !released.empty()) Notify();
 }

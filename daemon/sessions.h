@@ -123,9 +123,12 @@ class Session : public std::enable_shared_from_this<Session> {
   void Touch();
   // Signals done for every slot of `grant` on the client's behalf and releases it.
   void Reclaim(const Grant& grant);
-  // True when the client's own done words passed every slot of `grant` (host device); false
-  // where the daemon cannot see done on the CPU (CUDA events) until the client releases.
+  // True when the client's own done words passed every slot of `grant` (host device), or when
+  // the device gave up on the session's done records (FencesFailure: nothing is waited for);
+  // false where the daemon cannot see done on the CPU (CUDA events) until the client releases.
   bool DonePassed(const Grant& grant) const;
+  // OK, or why the device gave up on this session's done records (SessionFences::Failure).
+  absl::Status FencesFailure() const;
   // True when copies may wait on this session's done records after its leases are gone
   // (SessionFences::WaitsForClient): its ended session is watched until the process exits.
   bool WaitsForClient() const;
@@ -149,6 +152,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // the session exited while the stream stayed open. Guarded by mu_.
   std::function<void(const absl::Status&)> end_stream_;
   bool client_gone_ = false;  // ClientGone was queued (guarded by the registry's mu_)
+  bool fences_failed_ = false;  // the reaper ended it for FencesFailure (guarded by mu_)
 
   mutable std::mutex mu_;
   std::shared_ptr<Outbox> outbox_;  // set by Attach, cleared by End
@@ -210,6 +214,9 @@ class SessionRegistry {
   size_t size() const;
   // Sessions failed for breaking the lane protocol, since start.
   uint64_t lane_failures() const { return lane_failures_.load(); }
+  // Sessions ended because the device gave up on their done records (a client context that
+  // failed, or a record pending past lease_ttl), since start.
+  uint64_t done_record_failures() const { return done_record_failures_.load(); }
 
   // One pass of the reaper (the registry's thread runs it every reap_interval; tests call it).
   void ReapOnce(absl::Time now);
@@ -235,6 +242,7 @@ class SessionRegistry {
   const SessionLimits limits_;
   std::unique_ptr<LaneOptions> lanes_;  // nullptr: every session uses its stream
   std::atomic<uint64_t> lane_failures_{0};
+  std::atomic<uint64_t> done_record_failures_{0};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

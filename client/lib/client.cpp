@@ -138,10 +138,11 @@ constexpr absl::Duration kLaneSpin = absl::Microseconds(50);
 class SessionImpl final : public Session {
  public:
   SessionImpl(std::shared_ptr<grpc::Channel> channel, v1::OpenSessionResponse info,
-              std::vector<SlotClassView> classes, std::unique_ptr<ClientLane> lane)
+              std::vector<SlotClassView> classes, std::unique_ptr<ClientLane> lane,
+              int cuda_device)
       : stub_(v1::Expertd::NewStub(channel)), info_(std::move(info)),
         classes_(std::move(classes)), cuda_(info_.device_kind() == "cuda"),
-        lane_(std::move(lane)) {}
+        cuda_device_(cuda_ ? cuda_device : -1), lane_(std::move(lane)) {}
 
   ~SessionImpl() override { Close(); }
 
@@ -162,6 +163,7 @@ class SessionImpl final : public Session {
 
   const v1::ModelInfo& model() const override { return info_.model(); }
   const v1::OpenSessionResponse& info() const override { return info_; }
+  int cuda_device() const override { return cuda_device_; }
 
   absl::StatusOr<ArenaRef> arena(uint32_t slot_class, uint32_t projection) const override {
     if (slot_class >= classes_.size() || projection >= classes_[slot_class].strides.size()) {
@@ -629,6 +631,7 @@ class SessionImpl final : public Session {
   const v1::OpenSessionResponse info_;
   std::vector<SlotClassView> classes_;
   const bool cuda_;
+  const int cuda_device_;
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
   std::thread reader_;
@@ -712,7 +715,18 @@ class ClientImpl final : public Client {
                                                    "'); this client knows host and cuda"));
     }
     int ordinal = options.cuda_device;
-    if (cuda && ordinal < 0) {
+    if (cuda && !resp.device_uuid().empty()) {
+      // The daemon's GPU by its UUID: this process may see the GPUs in another order.
+      absl::StatusOr<int> resolved = ResolveCudaDeviceIfBuilt(resp.device_uuid(), ordinal);
+      if (!resolved.ok()) {
+        return absl::Status(resolved.status().code(),
+                            absl::StrCat("the daemon serves ", resp.device(), ": ",
+                                         resolved.status().message()));
+      }
+      ordinal = *resolved;
+    } else if (cuda && ordinal < 0) {
+      // A daemon that sends no UUID: its ordinal, which is this process's only when both see
+      // the same CUDA_VISIBLE_DEVICES.
       const std::string& name = resp.device();
       if (name.rfind("cuda:", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &ordinal)) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -764,7 +778,7 @@ class ClientImpl final : public Client {
       lane = *std::move(mapped);
     }
     auto session = std::make_unique<SessionImpl>(channel_, std::move(resp), std::move(classes),
-                                                 std::move(lane));
+                                                 std::move(lane), cuda ? ordinal : -1);
     if (absl::Status a = session->Start(); !a.ok()) return a;
     return std::unique_ptr<Session>(std::move(session));
   }

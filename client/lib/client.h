@@ -50,8 +50,9 @@ struct SessionOptions {
   std::string model;
   std::string device;       // "" = the model's default device; else "host", "cuda:0", ...
   std::string client_name;  // shown in stats
-  // CUDA sessions: this process's ordinal of the daemon's GPU (they differ when the processes
-  // see different CUDA_VISIBLE_DEVICES); -1 = the N of the daemon's "cuda:N".
+  // CUDA sessions: this process's ordinal of the daemon's GPU. -1 (the default): found by the
+  // GPU's UUID, which the daemon sends (the processes may see different CUDA_VISIBLE_DEVICES);
+  // a value >= 0 must name that same GPU, or OpenSession fails saying which one it is here.
   int cuda_device = -1;
   // Where Acquire, Prefetch and Release travel. kAuto: the session's shared-memory request lane
   // when the daemon offers one (sessions over the Unix socket), else the stream. kStream: the
@@ -105,6 +106,10 @@ class Session {
   // InvalidArgument for a class or projection that does not exist.
   virtual absl::StatusOr<ArenaRef> arena(uint32_t slot_class, uint32_t projection) const = 0;
   virtual const v1::OpenSessionResponse& info() const = 0;
+  // CUDA sessions: this process's ordinal of the daemon's GPU (found by its UUID; see
+  // SessionOptions::cuda_device): streams passed to WaitReady / RecordDone must be of it.
+  // -1 for host sessions.
+  virtual int cuda_device() const = 0;
   // Leases one slot per expert of `layer`; returns when every slot is ready to read. Retries
   // UNAVAILABLE until `timeout`; other errors as the daemon sent them (INVALID_ARGUMENT,
   // RESOURCE_EXHAUSTED, ...), DEADLINE_EXCEEDED after `timeout`, UNAVAILABLE when the stream

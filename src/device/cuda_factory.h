@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -34,6 +35,11 @@ struct CudaDeviceOptions {
   // Shutdown() waits this long for copies already on the GPU (one may wait on a client's done
   // event); copies still running then complete with DeadlineExceeded.
   absl::Duration shutdown_timeout = absl::Seconds(30);
+  // A client's done record still pending this long after its Release declared it is given up
+  // on: its session's declarations are dropped, the slots it held may be overwritten, and its
+  // SessionFences::Failure() says why (the daemon ends the session). The daemon passes
+  // limits.lease_ttl.
+  absl::Duration done_record_timeout = absl::Seconds(30);
 };
 
 // The CUDA device for options.ordinal. Unimplemented when the backend is not built; Unavailable
@@ -83,7 +89,8 @@ class CudaSessionEvents {
   // Makes `cuda_stream` wait (on the GPU) for the copy behind a grant of `slot` at
   // `generation`: cudaStreamWaitEvent on the slot's ready event. Call it after the grant
   // arrived (the daemon records before it grants). InvalidArgument for generation 0 or a slot
-  // outside the table; CUDA errors as statuses.
+  // outside the table; FailedPrecondition for a stream of another GPU than the session's; CUDA
+  // errors as statuses.
   virtual absl::Status WaitReady(SlotId slot, uint64_t generation, void* cuda_stream) = 0;
   // After the kernels that read the slot were queued on `cuda_stream`: records the slot's done
   // event there, chained after its previous record (the stream first waits on the event), so
@@ -92,8 +99,16 @@ class CudaSessionEvents {
   virtual absl::Status RecordDone(SlotId slot, uint64_t generation, void* cuda_stream) = 0;
 };
 
-// `device_ordinal` is this process's ordinal of the daemon's GPU (the calling thread's current
-// device is restored afterwards). Unimplemented when the backend is not built; InvalidArgument
+// This process's ordinal of the GPU whose UUID is `uuid` (Device::hardware_id(), sent with every
+// session: the daemon and a client may see different CUDA_VISIBLE_DEVICES, and the daemon's
+// ordinal may name another GPU here). `requested` >= 0 is the caller's choice and must be that
+// GPU. FailedPrecondition, naming what this process sees, when the GPU is not visible here or
+// `requested` is another one; Unimplemented when the backend is not built. Creates no context.
+absl::StatusOr<int> ResolveCudaDeviceIfBuilt(std::string_view uuid, int requested);
+
+// `device_ordinal` is this process's ordinal of the daemon's GPU (ResolveCudaDeviceIfBuilt);
+// the calling thread's current context is left as it was (none included: nothing is created on
+// another GPU). IPC memory is opened with cudaIpcMemLazyEnablePeerAccess. Unimplemented when the backend is not built; InvalidArgument
 // for a descriptor that is not a CUDA IPC one.
 absl::StatusOr<std::shared_ptr<const CudaArenaView>> OpenCudaArenaIfBuilt(
     const ArenaExport& descriptor, int device_ordinal);

@@ -49,6 +49,10 @@ struct Capabilities {
   bool fences_host_visible = false;         // FenceTable::ready()/done() read the real counters
   bool staging_pinned = false;              // staging is page-locked (DMA-able)
   bool registers_host_memory = false;       // RegisterHostMemory() is supported
+  // RegisterHostMemory() also takes memory the process may only read (a PROT_READ pack
+  // mapping). Without it only writable memory can be registered (CUDA without
+  // cudaDevAttrHostRegisterReadOnlySupported, as on x86 hosts with discrete GPUs).
+  bool registers_read_only_memory = false;
   // CreateSessionFences() is supported: each client session gets its own done fences (CUDA
   // events: two processes must never record one event). Without it, sessions share the slot
   // class's table and store done themselves (host counters).
@@ -220,6 +224,10 @@ class SessionFences {
   // events on the client's stream); the daemon then watches the client process and calls
   // ClientGone() when it exits. False where done is settled at Release (host).
   virtual bool WaitsForClient() const { return true; }
+  // OK, or why the device gave up on this session's done records (CUDA: one failed with an
+  // error of the client's context, or stayed pending past the device's deadline): copies no
+  // longer wait for them, so the session's slots may be overwritten — the daemon ends it.
+  virtual absl::Status Failure() const { return absl::OkStatus(); }
   // True when the daemon can see that the client finished reading `slot` at `generation` (host:
   // the client's own done word); false where it cannot tell (CUDA: done is a GPU event).
   virtual bool Signalled(SlotId slot, uint64_t generation) const {
@@ -282,6 +290,13 @@ class Device {
 
   virtual std::string_view name() const = 0;  // "host", "cuda:0"
   virtual const Capabilities& caps() const = 0;
+  // The hardware's identity, the same in every process: a CUDA GPU's UUID ("GPU-…"), which a
+  // client resolves to its own ordinal (its CUDA_VISIBLE_DEVICES may differ from the daemon's).
+  // Empty for the host device.
+  virtual std::string hardware_id() const { return {}; }
+  // One line for the start-up log: choices the backend made that the operator should see (which
+  // host registration mode, a capped copy stream count). Empty when there is nothing to say.
+  virtual std::string notes() const { return {}; }
 
   // `bytes` > 0 usable bytes, rounded up (ArenaReservedBytes); the memory starts zeroed.
   // InvalidArgument for 0, ResourceExhausted above caps().max_arena_bytes or when the system has

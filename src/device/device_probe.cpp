@@ -62,6 +62,9 @@ absl::StatusOr<std::shared_ptr<CudaSessionEvents>> OpenCudaEventsIfBuilt(
     const FenceExport& descriptor, int device_ordinal) {
   return cuda::OpenEvents(descriptor, device_ordinal);
 }
+absl::StatusOr<int> ResolveCudaDeviceIfBuilt(std::string_view uuid, int requested) {
+  return cuda::ResolveDevice(uuid, requested);
+}
 
 #else
 
@@ -86,6 +89,7 @@ absl::StatusOr<std::shared_ptr<CudaSessionEvents>> OpenCudaEventsIfBuilt(const F
                                                                          int) {
   return NotBuilt();
 }
+absl::StatusOr<int> ResolveCudaDeviceIfBuilt(std::string_view, int) { return NotBuilt(); }
 
 #endif
 

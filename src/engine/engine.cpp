@@ -98,24 +98,63 @@ void Engine::Impl::RegisterPacks() {
     } else if (mapping.empty()) {
       path.detail = absl::StrCat("staging (read with ", AV(ReadMethodName(packs.pack(id).method)),
                                  "; only mmap packs can be registered)");
-    } else {
-      // Registered read-only where the device allows it: the device never writes through it.
+    } else if (device.caps().registers_read_only_memory) {
+      // The pack's own read-only mapping: the device never writes through it.
       absl::StatusOr<std::unique_ptr<StagingBuffer>> r = device.RegisterHostMemory(
           std::span<uint8_t>(const_cast<uint8_t*>(mapping.data()), mapping.size()));
       if (r.ok()) {
         registered = *std::move(r);
         path.direct = true;
-        path.detail = absl::StrCat("direct (", mapping.size(), " bytes registered)");
-        any = true;
+        path.detail = absl::StrCat("direct (", mapping.size(), " bytes registered read-only)");
       } else {
         path.detail = absl::StrCat("staging (registering the mapping failed: ",
                                    r.status().message(), ")");
       }
+    } else {
+      // Only writable memory can be registered: a private writable mapping of the pack, whose
+      // pages registration copies into pinned memory; the file is never written.
+      absl::StatusOr<std::unique_ptr<StagingBuffer>> r = RegisterPrivateCopy(id);
+      if (r.ok()) {
+        registered = *std::move(r);
+        path.direct = true;
+        path.detail = absl::StrCat("direct (", mapping.size(),
+                                   " bytes registered through a private writable mapping: "
+                                   "the device cannot register read-only memory)");
+      } else {
+        path.detail = absl::StrCat("staging (registering a private mapping failed: ",
+                                   r.status().message(), ")");
+      }
     }
+    any = any || path.direct;
     direct.push_back(std::move(registered));
     copy_paths.push_back(std::move(path));
   }
   if (!any) direct.clear();  // Enqueue skips the per-bundle check
+}
+
+namespace {
+// A registration of a private mapping that owns the mapping: unregistered, then unmapped.
+class RegisteredPrivateMapping final : public StagingBuffer {
+ public:
+  RegisteredPrivateMapping(PrivateMapping mapping, std::unique_ptr<StagingBuffer> registered)
+      : StagingBuffer(registered->data()),
+        mapping_(std::move(mapping)),
+        registered_(std::move(registered)) {}
+  bool OneRegion(std::span<const uint8_t> range) const override {
+    return registered_->OneRegion(range);
+  }
+
+ private:
+  PrivateMapping mapping_;                    // destroyed last
+  std::unique_ptr<StagingBuffer> registered_;
+};
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StagingBuffer>> Engine::Impl::RegisterPrivateCopy(PackId id) {
+  ASSIGN_OR_RETURN(PrivateMapping mapping, packs.MapPrivate(id));
+  ASSIGN_OR_RETURN(std::unique_ptr<StagingBuffer> registered,
+                   device.RegisterHostMemory(mapping.data()));
+  return std::make_unique<RegisteredPrivateMapping>(std::move(mapping), std::move(registered));
 }
 
 std::vector<PackCopyPath> Engine::CopyPaths() const { return impl_->copy_paths; }

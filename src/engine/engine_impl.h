@@ -130,6 +130,9 @@ struct Engine::Impl {
   // Registers the mapped packs with the device for direct copies (EngineOptions::direct_copies)
   // and fills copy_paths. Called once by Create.
   void RegisterPacks();
+  // Registers a private writable mapping of pack `id` (devices that cannot register read-only
+  // memory); the buffer owns the mapping.
+  absl::StatusOr<std::unique_ptr<StagingBuffer>> RegisterPrivateCopy(PackId id);
 
   // ---- engine_fill.cpp: the pipeline ----
 

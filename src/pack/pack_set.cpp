@@ -542,6 +542,35 @@ bool PackSet::failed(PackId id) const {
   return packs_.at(id)->failed.load(std::memory_order_acquire);
 }
 
+PrivateMapping::PrivateMapping(PrivateMapping&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+PrivateMapping& PrivateMapping::operator=(PrivateMapping&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) ::munmap(data_, bytes_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+PrivateMapping::~PrivateMapping() {
+  if (data_ != nullptr) ::munmap(data_, bytes_);
+}
+
+absl::StatusOr<PrivateMapping> PackSet::MapPrivate(PackId id) const {
+  const OpenPack& p = *packs_.at(id);
+  if (p.map == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(p.Name(), ": only a pack read with mmap has a mapping to register"));
+  }
+  void* map = ::mmap(nullptr, p.entry.size, PROT_READ | PROT_WRITE, MAP_PRIVATE, p.fd.get(), 0);
+  if (map == MAP_FAILED) {
+    return ErrnoError(ErrorKind::kIo, absl::StrCat(p.Name(), ": private mmap"), errno);
+  }
+  return PrivateMapping(static_cast<uint8_t*>(map), p.entry.size);
+}
+
 std::span<const uint8_t> PackSet::mapping(PackId id) const {
   const OpenPack& p = *packs_.at(id);
   if (p.map == nullptr) return {};

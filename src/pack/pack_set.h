@@ -124,6 +124,22 @@ class ReadScratch {
 // swaps a failed pack's file in place under the same descriptor numbers and mapping address),
 // so all const methods may be called from any thread. Owns every file descriptor and mapping; must outlive
 // the reader pools that read from it.
+// A private writable mapping of a whole pack (PackSet::MapPrivate), unmapped when destroyed.
+// Move-only.
+class PrivateMapping {
+ public:
+  PrivateMapping() = default;
+  PrivateMapping(uint8_t* data, uint64_t bytes) : data_(data), bytes_(bytes) {}
+  PrivateMapping(PrivateMapping&& other) noexcept;
+  PrivateMapping& operator=(PrivateMapping&& other) noexcept;
+  ~PrivateMapping();
+  std::span<uint8_t> data() const { return {data_, bytes_}; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
 class PackSet {
  public:
   // Opens every pack. A pack that cannot be opened fails the whole set: kMissingFile (NotFound
@@ -170,6 +186,11 @@ class PackSet {
   // The whole-file read-only mapping of a pack read with method kMmap; empty for the others.
   // Lives as long as the PackSet. A device may register it as staging (the direct path).
   std::span<const uint8_t> mapping(PackId id) const;
+  // A second whole-file mapping of a kMmap pack, private and writable (MAP_PRIVATE, PROT_READ |
+  // PROT_WRITE), for a device that can register only writable memory: nothing written to it —
+  // nor the copy-on-write of every page that registering it for write causes — reaches the
+  // file. FailedPrecondition for a pack not read with kMmap; the mmap error otherwise.
+  absl::StatusOr<PrivateMapping> MapPrivate(PackId id) const;
 
  private:
   explicit PackSet(const PackSetOptions& options);

@@ -41,3 +41,13 @@ int LaunchSlotChecksum(const void* slot, uint64_t bytes, uint64_t delay_ns, void
   if (e != cudaSuccess) delete l;
   return static_cast<int>(e);
 }
+
+bool DestroyContextForTest() {
+  expertd_cudasim_destroy_context(cudaErrorContextIsDestroyed);
+  return true;
+}
+
+bool ContextReportForTest(unsigned* physical_mask, int* peer_mappings, int* wrong_device_records) {
+  expertd_cudasim_contexts(physical_mask, peer_mappings, wrong_device_records);
+  return true;
+}

@@ -11,7 +11,11 @@
 // and are opened through /proc/PID/fd.
 //
 // Configuration, read once from the environment at the first call:
-//   EXPERTD_CUDASIM_DEVICES=N          visible devices (default 1; 0 = no device)
+//   EXPERTD_CUDASIM_DEVICES=N          devices (default 1; 0 = no device)
+//   EXPERTD_CUDASIM_VISIBLE_DEVICES=L  like CUDA_VISIBLE_DEVICES: the devices this process sees,
+//                                      in ordinal order (e.g. "1,0"); default all, in order.
+//                                      Each device has a UUID (cudaDeviceProp::uuid) that is the
+//                                      same in every process
 //   EXPERTD_CUDASIM_MEMORY_MIB=N       memory of each device (default 8192)
 //   EXPERTD_CUDASIM_COPY_DELAY_US=N    each copy and simulated kernel first sleeps N µs on its
 //                                      stream (default 0): widens the window in which a copy
@@ -21,7 +25,9 @@
 //   EXPERTD_CUDASIM_PAGEABLE=error     an async host-to-device copy from memory that is neither
 //                                      cudaHostAlloc'd nor cudaHostRegister'd fails with
 //                                      cudaErrorInvalidValue (default: allowed, as in CUDA)
-//   EXPERTD_CUDASIM_READ_ONLY_REGISTER=0  devices report no cudaHostRegisterReadOnly support
+//   EXPERTD_CUDASIM_READ_ONLY_REGISTER=1  devices report cudaHostRegisterReadOnly support
+//                                      (default 0, as x86 hosts with discrete GPUs do: memory
+//                                      the process may only read cannot be registered at all)
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -42,5 +48,17 @@ void expertd_cudasim_kernel_delay(unsigned long long extra_ns);
 // What this process has open from other processes: IPC memory handles (cudaIpcOpenMemHandle
 // not yet closed) and IPC events (cudaIpcOpenEventHandle not yet destroyed).
 void expertd_cudasim_open_imports(int* memory_handles, int* events);
+
+// Contexts and devices: a bit per physical device whose primary context this process created
+// (cudaSetDevice, or any call that needs a context on a thread that never chose a device:
+// device 0's), IPC memory mapped from another device over the peer link, and cudaEventRecord
+// calls refused because the stream belongs to another device than the event.
+void expertd_cudasim_contexts(unsigned* physical_mask, int* peer_mappings,
+                              int* wrong_device_records);
+
+// Destroys this process's context with `error` (say cudaErrorContextIsDestroyed): every later
+// call here fails with it, and every event this process recorded whose latest record is still
+// pending never completes — other processes' queries of it answer `error`.
+void expertd_cudasim_destroy_context(int error);
 
 }  // extern "C"

@@ -1,7 +1,9 @@
 // The CUDA simulator against the CUDA semantics the backend relies on (label cudasim): stream
 // order, events (the never-recorded trap included), cross-process IPC memory and events, the
 // legacy stream's implicit synchronisation, device memory that host code cannot touch, pinned
-// and registered host memory, and the injected sticky error. Cross-process cases re-run this
+// and registered host memory (read-only memory included), contexts and devices seen in different
+// orders, reference-counted IPC memory opens and once-only IPC event opens, a record of a
+// destroyed context, and the injected sticky error. Cross-process cases re-run this
 // binary as a child (`cudasim_test --child MODE ...`): a fork would lose the stream threads.
 #include "cudasim.h"
 
@@ -213,7 +215,16 @@ TEST(CudaSim, HostRegistrationRules) {
   void* m = ::mmap(nullptr, 8 * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(m, MAP_FAILED);
   auto* p = static_cast<unsigned char*>(m);
-  CUDA_OK(cudaHostRegister(p, 4 * page, cudaHostRegisterReadOnly));
+  // By default read-only registration is unsupported, and read-only memory cannot be
+  // registered without it: CUDA pins for write where it does not use the host's page tables.
+  int ro = -1;
+  CUDA_OK(cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, 0));
+  EXPECT_EQ(ro, 0);
+  EXPECT_EQ(cudaHostRegister(p, 4 * page, cudaHostRegisterReadOnly), cudaErrorNotSupported);
+  EXPECT_EQ(cudaHostRegister(p, 4 * page, 0), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  ASSERT_EQ(::mprotect(m, 8 * page, PROT_READ | PROT_WRITE), 0);
+  CUDA_OK(cudaHostRegister(p, 4 * page, 0));
   EXPECT_EQ(cudaHostRegister(p + 2 * page, 4 * page, 0), cudaErrorHostMemoryAlreadyRegistered);
   EXPECT_EQ(cudaHostUnregister(p + page), cudaErrorHostMemoryNotRegistered);
   CUDA_OK(cudaHostUnregister(p));
@@ -266,6 +277,59 @@ TEST(CudaSim, IpcMemoryAndEventsAcrossProcesses) {
   CUDA_OK(cudaFree(d));
 }
 
+TEST(CudaSim, ReadOnlyRegistrationWhereSupported) {
+  EXPECT_EQ(RunChild({"read-only"}, {"EXPERTD_CUDASIM_READ_ONLY_REGISTER=1"}), 0);
+}
+
+TEST(CudaSim, IpcEventHandleOpensOncePerProcess) {
+  cudaEvent_t e = nullptr;
+  CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventInterprocess | cudaEventDisableTiming));
+  cudaIpcEventHandle_t eh{};
+  CUDA_OK(cudaIpcGetEventHandle(&eh, e));
+  EXPECT_EQ(RunChild({"event-twice", Hex(&eh, sizeof eh)}), 0);
+  CUDA_OK(cudaEventDestroy(e));
+}
+
+TEST(CudaSim, AThreadThatNeverChoseADeviceCreatesNoContextByAsking) {
+  // A fresh process: this test binary made device 0's context long ago.
+  EXPECT_EQ(RunChild({"contexts"}, {"EXPERTD_CUDASIM_DEVICES=2"}), 0);
+}
+
+TEST(CudaSim, VisibleOrderingsUuidsAndPeerMappings) {
+  // This process's device 0 is physical device 1 in the child, which sees "1,0".
+  cudaDeviceProp props{};
+  CUDA_OK(cudaGetDeviceProperties(&props, 0));
+  cudaIpcMemHandle_t mh{};
+  void* d = nullptr;
+  CUDA_OK(cudaMalloc(&d, 1 << 20));
+  CUDA_OK(cudaIpcGetMemHandle(&mh, d));
+  cudaEvent_t e = nullptr;
+  CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventInterprocess | cudaEventDisableTiming));
+  cudaIpcEventHandle_t eh{};
+  CUDA_OK(cudaIpcGetEventHandle(&eh, e));
+  EXPECT_EQ(RunChild({"devices", Hex(props.uuid.bytes, sizeof props.uuid.bytes),
+                      Hex(&mh, sizeof mh), Hex(&eh, sizeof eh)},
+                     {"EXPERTD_CUDASIM_DEVICES=2", "EXPERTD_CUDASIM_VISIBLE_DEVICES=1,0"}),
+            0);
+  CUDA_OK(cudaEventDestroy(e));
+  CUDA_OK(cudaFree(d));
+}
+
+TEST(CudaSim, ARecordOfADestroyedContextAnswersItsErrorElsewhere) {
+  cudaEvent_t done = nullptr;
+  CUDA_OK(cudaEventCreateWithFlags(&done, cudaEventInterprocess | cudaEventDisableTiming));
+  cudaIpcEventHandle_t eh{};
+  CUDA_OK(cudaIpcGetEventHandle(&eh, done));
+  EXPECT_EQ(RunChild({"destroyed", Hex(&eh, sizeof eh)}), 0);
+  EXPECT_EQ(cudaEventQuery(done), cudaErrorContextIsDestroyed);
+  (void)cudaGetLastError();
+  // This process's context is unaffected.
+  cudaEvent_t mine = nullptr;
+  CUDA_OK(cudaEventCreate(&mine));
+  CUDA_OK(cudaEventDestroy(mine));
+  CUDA_OK(cudaEventDestroy(done));
+}
+
 TEST(CudaSim, InjectedStickyErrorFailsEveryLaterCall) {
   EXPECT_EQ(RunChild({"sticky"}, {"EXPERTD_CUDASIM_FAIL_AFTER_COPIES=2"}), 0);
 }
@@ -293,8 +357,14 @@ int ChildIpc(const std::string& mem_hex, const std::string& event_hex, size_t by
   std::memcpy(&eh, e.data(), sizeof eh);
   void* d = nullptr;
   CHILD_CHECK(cudaIpcOpenMemHandle(&d, mh, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess);
+  // A second open returns the same pointer and counts: it needs its own close.
   void* again = nullptr;
-  CHILD_CHECK(cudaIpcOpenMemHandle(&again, mh, 0) == cudaErrorAlreadyMapped);
+  CHILD_CHECK(cudaIpcOpenMemHandle(&again, mh, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess);
+  CHILD_CHECK(again == d);
+  CHILD_CHECK(cudaIpcCloseMemHandle(again) == cudaSuccess);
+  int open_memory = 0, open_events = 0;
+  expertd_cudasim_open_imports(&open_memory, &open_events);
+  CHILD_CHECK(open_memory == 1);
   std::vector<unsigned char> back(bytes);
   CHILD_CHECK(cudaMemcpy(back.data(), d, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
   for (size_t i = 0; i < bytes; ++i) {
@@ -337,6 +407,112 @@ int ChildSticky() {
   return 0;
 }
 
+int ChildReadOnly() {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  void* m = ::mmap(nullptr, 4 * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  CHILD_CHECK(m != MAP_FAILED);
+  int ro = 0;
+  CHILD_CHECK(cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, 0) ==
+              cudaSuccess);
+  CHILD_CHECK(ro == 1);
+  CHILD_CHECK(cudaHostRegister(m, 4 * page, cudaHostRegisterReadOnly) == cudaSuccess);
+  CHILD_CHECK(cudaHostUnregister(m) == cudaSuccess);
+  CHILD_CHECK(cudaHostRegister(m, 4 * page, 0) == cudaErrorInvalidValue);
+  return 0;
+}
+
+int ChildEventTwice(const std::string& event_hex) {
+  cudaIpcEventHandle_t eh{};
+  std::memcpy(&eh, Unhex(event_hex).data(), sizeof eh);
+  cudaEvent_t a = nullptr, b = nullptr;
+  CHILD_CHECK(cudaIpcOpenEventHandle(&a, eh) == cudaSuccess);
+  CHILD_CHECK(cudaIpcOpenEventHandle(&b, eh) == cudaErrorInvalidValue);
+  CHILD_CHECK(cudaEventDestroy(a) == cudaSuccess);
+  CHILD_CHECK(cudaIpcOpenEventHandle(&b, eh) == cudaSuccess);  // closed: may open again
+  CHILD_CHECK(cudaEventDestroy(b) == cudaSuccess);
+  return 0;
+}
+
+int ChildContexts() {
+  unsigned mask = 99;
+  int peer = -1, wrong = -1;
+  int d = -1;
+  CHILD_CHECK(cudaGetDevice(&d) == cudaSuccess && d == 0);
+  cudaDeviceProp props{};
+  CHILD_CHECK(cudaGetDeviceProperties(&props, 1) == cudaSuccess);
+  expertd_cudasim_contexts(&mask, &peer, &wrong);
+  CHILD_CHECK(mask == 0);  // asking creates nothing
+  CHILD_CHECK(cudaSetDevice(1) == cudaSuccess);
+  expertd_cudasim_contexts(&mask, &peer, &wrong);
+  CHILD_CHECK(mask == 2u);
+  // Another thread that never chose a device and allocates: device 0's primary context.
+  std::thread([] {
+    void* p = nullptr;
+    if (cudaMalloc(&p, 4096) == cudaSuccess) (void)cudaFree(p);
+  }).join();
+  expertd_cudasim_contexts(&mask, &peer, &wrong);
+  CHILD_CHECK(mask == 3u);
+  return 0;
+}
+
+int ChildDevices(const std::string& uuid_hex, const std::string& mem_hex,
+                 const std::string& event_hex) {
+  // Ordinal 1 here is the parent's device 0 (physical 0): same UUID.
+  cudaDeviceProp p0{}, p1{};
+  CHILD_CHECK(cudaGetDeviceProperties(&p0, 0) == cudaSuccess);
+  CHILD_CHECK(cudaGetDeviceProperties(&p1, 1) == cudaSuccess);
+  CHILD_CHECK(Hex(p1.uuid.bytes, sizeof p1.uuid.bytes) == uuid_hex);
+  CHILD_CHECK(Hex(p0.uuid.bytes, sizeof p0.uuid.bytes) != uuid_hex);
+  cudaIpcMemHandle_t mh{};
+  cudaIpcEventHandle_t eh{};
+  std::memcpy(&mh, Unhex(mem_hex).data(), sizeof mh);
+  std::memcpy(&eh, Unhex(event_hex).data(), sizeof eh);
+  unsigned mask = 0;
+  int peer = 0, wrong = 0;
+  // On ordinal 0 (another device): only over the peer link, with the lazy flag.
+  CHILD_CHECK(cudaSetDevice(0) == cudaSuccess);
+  void* d = nullptr;
+  CHILD_CHECK(cudaIpcOpenMemHandle(&d, mh, 0) == cudaErrorPeerAccessNotEnabled);
+  CHILD_CHECK(cudaIpcOpenMemHandle(&d, mh, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess);
+  expertd_cudasim_contexts(&mask, &peer, &wrong);
+  CHILD_CHECK(peer == 1);
+  CHILD_CHECK(cudaIpcCloseMemHandle(d) == cudaSuccess);
+  // An event opened into device 0's context cannot be recorded on a stream of device 1.
+  cudaEvent_t e = nullptr;
+  CHILD_CHECK(cudaIpcOpenEventHandle(&e, eh) == cudaSuccess);
+  CHILD_CHECK(cudaSetDevice(1) == cudaSuccess);
+  cudaStream_t s = nullptr;
+  CHILD_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  int sd = -1;
+  CHILD_CHECK(cudaStreamGetDevice(s, &sd) == cudaSuccess && sd == 1);
+  CHILD_CHECK(cudaEventRecord(e, s) == cudaErrorInvalidResourceHandle);
+  expertd_cudasim_contexts(&mask, &peer, &wrong);
+  CHILD_CHECK(wrong == 1);
+  CHILD_CHECK(cudaEventDestroy(e) == cudaSuccess);
+  // Opened on the right device, nothing crosses the peer link.
+  CHILD_CHECK(cudaIpcOpenMemHandle(&d, mh, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess);
+  expertd_cudasim_contexts(&mask, &peer, &wrong);
+  CHILD_CHECK(peer == 1);
+  CHILD_CHECK(cudaIpcCloseMemHandle(d) == cudaSuccess);
+  return 0;
+}
+
+int ChildDestroyed(const std::string& event_hex) {
+  cudaIpcEventHandle_t eh{};
+  std::memcpy(&eh, Unhex(event_hex).data(), sizeof eh);
+  cudaEvent_t e = nullptr;
+  CHILD_CHECK(cudaIpcOpenEventHandle(&e, eh) == cudaSuccess);
+  cudaStream_t s = nullptr;
+  CHILD_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  static Gate gate;  // never opened: the record stays pending
+  CHILD_CHECK(cudaLaunchHostFunc(s, Gate::Wait, &gate) == cudaSuccess);
+  CHILD_CHECK(cudaEventRecord(e, s) == cudaSuccess);
+  expertd_cudasim_destroy_context(cudaErrorContextIsDestroyed);
+  CHILD_CHECK(cudaEventQuery(e) == cudaErrorContextIsDestroyed);
+  gate.open = true;
+  return 0;
+}
+
 int ChildNoDevice() {
   int n = -1;
   CHILD_CHECK(cudaGetDeviceCount(&n) == cudaErrorNoDevice);
@@ -355,6 +531,11 @@ int main(int argc, char** argv) {
     const std::string mode = argv[2];
     if (mode == "ipc" && argc == 6) return ChildIpc(argv[3], argv[4], std::stoull(argv[5]));
     if (mode == "sticky") return ChildSticky();
+    if (mode == "read-only") return ChildReadOnly();
+    if (mode == "event-twice" && argc == 4) return ChildEventTwice(argv[3]);
+    if (mode == "contexts") return ChildContexts();
+    if (mode == "devices" && argc == 6) return ChildDevices(argv[3], argv[4], argv[5]);
+    if (mode == "destroyed" && argc == 4) return ChildDestroyed(argv[3]);
     if (mode == "no-device") return ChildNoDevice();
     return 2;
   }

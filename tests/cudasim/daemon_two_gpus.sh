@@ -2,10 +2,14 @@
 # Two GPUs (the simulator's EXPERTD_CUDASIM_DEVICES=2): expertd with cuda_devices = [0, 1]
 # loads the model once per device, a session names its device, and each device's slot pool
 # moves only its own sessions' bytes. expertctl bench verifies every granted slot against the
-# GGUF on each device; an unknown device is refused with its name.
-#   daemon_two_gpus.sh EXPERTD EXPERTCTL TRACE   (the cudasim builds)
+# GGUF on each device; an unknown device is refused with its name. Clients that see the two
+# GPUs in the other order (EXPERTD_CUDASIM_VISIBLE_DEVICES=1,0, like CUDA_VISIBLE_DEVICES) find
+# the daemon's GPU by its UUID: the bench verifies every slot again, and daemon_cuda_client
+# devices (a thread that never chose a device) creates a context on that GPU only, maps nothing
+# over the peer link, and has a stream of the other GPU refused.
+#   daemon_two_gpus.sh EXPERTD EXPERTCTL TRACE DAEMON_CUDA_CLIENT   (the cudasim builds)
 set -euo pipefail
-expertd=$1 ctl=$2 trace=$3
+expertd=$1 ctl=$2 trace=$3 client=$4
 work=$(mktemp -d)
 daemon=
 cleanup() {
@@ -53,6 +57,15 @@ bench cuda:0
 c0b=$(copied cuda:0) c1b=$(copied cuda:1)
 echo "after the cuda:0 bench: copied cuda:0=$c0b cuda:1=$c1b"
 [ "$c0b" -gt 0 ] && [ "$c1b" = "$c1" ] || fail "cuda:0 sessions moved bytes on the wrong device"
+echo "== clients that see the GPUs as 1,0"
+EXPERTD_CUDASIM_VISIBLE_DEVICES=1,0 bench cuda:1
+EXPERTD_CUDASIM_VISIBLE_DEVICES=1,0 "$client" devices "$addr" > "$work/devices.log" 2>&1 \
+  || { cat "$work/devices.log"; fail "daemon_cuda_client devices"; }
+grep -E 'is cuda:|refused|RESULT' "$work/devices.log" | cut -c1-200
+# The default session is on the daemon's cuda:0 (physical device 0), this client's cuda:1.
+grep -q 'is cuda:1 here' "$work/devices.log" || fail "the client did not resolve the GPU by UUID"
+grep -q 'RESULT contexts=1 peer=0 wrong=0' "$work/devices.log" \
+  || fail "a context on another GPU, a peer mapping or a refused record (see RESULT above)"
 if "$ctl" bench --addr "$addr" --trace "$trace" --limit 1 --device cuda:7 --quiet \
     > "$work/bad.log" 2>&1; then
   fail "a session on cuda:7 was opened"

@@ -42,17 +42,48 @@ const Config& Cfg() {
             : -1;
     const char* pageable = std::getenv("EXPERTD_CUDASIM_PAGEABLE");
     c.pageable_h2d_is_error = pageable != nullptr && std::string(pageable) == "error";
-    c.read_only_register = EnvNumber("EXPERTD_CUDASIM_READ_ONLY_REGISTER", 1) != 0;
+    c.read_only_register = EnvNumber("EXPERTD_CUDASIM_READ_ONLY_REGISTER", 0) != 0;
+    // Like CUDA_VISIBLE_DEVICES: the physical devices this process sees, in ordinal order.
+    if (const char* v = std::getenv("EXPERTD_CUDASIM_VISIBLE_DEVICES"); v != nullptr && *v) {
+      std::string list = v;
+      size_t at = 0;
+      while (at <= list.size()) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        const std::string item = list.substr(at, comma - at);
+        char* end = nullptr;
+        const long d = std::strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end != '\0' || d < 0 || d >= c.devices) break;  // CUDA stops there
+        c.visible.push_back(static_cast<int>(d));
+        at = comma + 1;
+      }
+    } else {
+      for (int d = 0; d < c.devices; ++d) c.visible.push_back(d);
+    }
     std::fprintf(stderr,
-                 "expertd cudasim: simulated CUDA runtime, not a GPU (pid %d: %d device(s) of "
-                 "%llu MiB, copy delay %llu us%s)\n",
-                 static_cast<int>(::getpid()), c.devices,
+                 "expertd cudasim: simulated CUDA runtime, not a GPU (pid %d: %zu of %d device(s) "
+                 "visible, %llu MiB each, copy delay %llu us%s)\n",
+                 static_cast<int>(::getpid()), c.visible.size(), c.devices,
                  static_cast<unsigned long long>(c.memory_bytes >> 20),
                  static_cast<unsigned long long>(c.copy_delay_us),
                  c.fail_after_copies >= 0 ? ", sticky failure injected" : "");
     return c;
   }();
   return config;
+}
+
+int Physical(int ordinal) { return Cfg().visible.at(static_cast<size_t>(ordinal)); }
+
+void NoteContext(int ordinal) {
+  std::lock_guard lock(R().mu);
+  R().contexts |= 1u << Physical(ordinal);
+}
+
+int CurrentOrdinal() {
+  if (t_device < 0) {
+    t_device = 0;
+    if (!Cfg().visible.empty()) NoteContext(0);
+  }
+  return t_device;
 }
 
 int OpenPeerFd(pid_t pid, int fd) {
@@ -156,8 +187,12 @@ std::shared_ptr<Stream> Runtime::Legacy(int device) {
 std::shared_ptr<Stream> Runtime::Resolve(cudaStream_t handle) {
   std::lock_guard lock(mu);
   if (handle == nullptr || handle == cudaStreamLegacy || handle == cudaStreamPerThread) {
-    if (t_device < 0 || static_cast<size_t>(t_device) >= legacy.size()) return nullptr;
-    return Legacy(t_device);
+    if (t_device < 0) {  // the implicit primary context of device 0 (mu is held here)
+      if (Cfg().visible.empty()) return nullptr;
+      t_device = 0;
+      contexts |= 1u << Physical(0);
+    }
+    return Legacy(Physical(t_device));
   }
   auto it = streams.find(reinterpret_cast<Stream*>(handle));
   return it == streams.end() ? nullptr : it->second;

@@ -15,17 +15,19 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace expertd::cudasim {
 
 struct Config {
-  int devices = 1;
+  int devices = 1;           // physical devices
+  std::vector<int> visible;  // this process's ordinal -> physical device (CUDA_VISIBLE_DEVICES)
   uint64_t memory_bytes = uint64_t{8} << 30;
   uint64_t copy_delay_us = 0;
   int64_t fail_after_copies = -1;  // < 0: never
   bool pageable_h2d_is_error = false;
-  bool read_only_register = true;
+  bool read_only_register = false;  // cudaDevAttrHostRegisterReadOnlySupported
 };
 
 // Read from the environment once, on first use (and announced on stderr).
@@ -36,6 +38,8 @@ class Stream {
  public:
   // Starts the worker thread, which holds the stream until Close() and an empty queue.
   static std::shared_ptr<Stream> Start(int device, bool blocking, bool legacy);
+  // `device` is the physical device (as everywhere inside the simulator; ordinals are the
+  // API's).
   Stream(int device, bool blocking, bool legacy)
       : device_(device), blocking_(blocking), legacy_(legacy) {}
   Stream(const Stream&) = delete;
@@ -75,22 +79,28 @@ struct EventState {
   std::atomic<uint64_t> recorded{0};
   std::atomic<uint64_t> completed{0};
   uint64_t magic = 0;
-  uint64_t pad[5] = {};
+  // Set by a recording process whose context was destroyed with this event's latest record
+  // pending: queries answer it (a client-owned failure, not the querying process's).
+  std::atomic<int32_t> error{0};
+  int32_t unused = 0;
+  uint64_t pad[4] = {};
 };
 static_assert(sizeof(EventState) == 64);
 
 struct Event {
   EventState* state = nullptr;
-  int device = 0;
+  int device = 0;  // physical
   unsigned flags = 0;
   bool imported = false;
   uint32_t index = 0;  // in its pool
+  std::tuple<pid_t, int, uint32_t> origin{};  // imported: (exporter pid, pool fd, index)
 };
 
 struct Allocation {
   uint64_t bytes = 0;
   uint8_t* shadow = nullptr;  // the simulator's read-write mapping
-  int device = 0;
+  int device = 0;             // physical: where the memory lives
+  uint32_t opens = 0;         // imported: cudaIpcOpenMemHandle calls not yet closed
   int fd = -1;
   bool imported = false;
   pid_t owner_pid = 0;
@@ -115,6 +125,11 @@ class Runtime {
   std::vector<std::shared_ptr<Stream>> legacy;               // per device, created on first use
   std::vector<uint64_t> device_used;                         // bytes allocated per device
   std::map<std::pair<pid_t, uint64_t>, uintptr_t> imported;  // (exporter, key) -> base
+  std::set<std::tuple<pid_t, int, uint32_t>> imported_events;  // open IPC event handles
+  std::set<EventState*> recorded_here;  // events this process recorded (for AbandonContext)
+  uint32_t contexts = 0;        // bit per physical device: its primary context was created
+  uint32_t peer_mappings = 0;   // IPC memory of another device mapped over the peer link
+  uint32_t wrong_device_records = 0;  // cudaEventRecord refused: stream of another device
   std::map<std::pair<pid_t, int>, EventState*> peer_pools;
   int pool_fd = -1;
   EventState* pool = nullptr;
@@ -137,7 +152,10 @@ class Runtime {
   void FreeEventState(uint32_t index);         // mu held
 };
 
-thread_local inline int t_device = 0;
+// The calling thread's current context: an ordinal, or -1 while the thread never chose one
+// (cudaGetDevice then answers 0 without creating anything; a call that needs a context makes
+// device 0's primary context current, as CUDA's runtime does).
+thread_local inline int t_device = -1;
 thread_local inline cudaError_t t_last_error = cudaSuccess;
 inline std::atomic<int> g_sticky{0};  // a sticky error: every call returns it from then on
 inline std::atomic<uint64_t> g_copies{0};
@@ -160,6 +178,16 @@ inline cudaError_t Fail(cudaError_t e) {
 
 inline Runtime& R() { return Runtime::Get(); }
 
+// The physical device behind this process's `ordinal` (valid ordinals only).
+int Physical(int ordinal);
+// The ordinal of the calling thread's current context, creating device 0's primary context
+// when the thread has none (counted in Runtime::contexts).
+int CurrentOrdinal();
+// Its physical device.
+inline int CurrentPhysical() { return Physical(CurrentOrdinal()); }
+// Marks the primary context of `ordinal` as created in this process.
+void NoteContext(int ordinal);
+
 // Opens another process's fd through /proc (IPC handles name the exporter's pid and fd); -1
 // when that process or fd is gone.
 int OpenPeerFd(pid_t pid, int fd);
@@ -177,7 +205,8 @@ struct HandleBytes {
   int32_t fd;
   uint64_t key;    // memory: allocation key; event: pool index
   uint64_t bytes;  // memory: allocation size
-  char unused[32];
+  int32_t device;  // memory: the physical device it lives on
+  char unused[28];
 };
 static_assert(sizeof(HandleBytes) == 64);
 constexpr char kMemoryMagic[8] = {'X', 'D', 'S', 'I', 'M', 'M', 'E', 'M'};

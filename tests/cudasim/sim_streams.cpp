@@ -10,6 +10,8 @@
 #include "sim_runtime.h"
 
 using expertd::cudasim::Cfg;
+using expertd::cudasim::CurrentOrdinal;
+using expertd::cudasim::CurrentPhysical;
 using expertd::cudasim::Event;
 using expertd::cudasim::EventState;
 using expertd::cudasim::Fail;
@@ -135,7 +137,7 @@ cudaError_t Memset(void* dst, int value, size_t n, cudaStream_t stream) {
 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t* pStream, unsigned int flags, int) {
   SIM_ENTER();
-  auto s = Stream::Start(t_device, (flags & cudaStreamNonBlocking) == 0,
+  auto s = Stream::Start(CurrentPhysical(), (flags & cudaStreamNonBlocking) == 0,
                          /*legacy=*/false);
   std::lock_guard lock(R().mu);
   R().streams[s.get()] = s;
@@ -159,6 +161,21 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   it->second->Close();  // queued work still runs, as in CUDA
   R().streams.erase(it);
   return cudaSuccess;
+}
+
+// The ordinal, in this process, of the device the stream belongs to.
+cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
+  SIM_ENTER();
+  std::shared_ptr<Stream> s = R().Resolve(stream);
+  if (!s) return Fail(cudaErrorInvalidResourceHandle);
+  const std::vector<int>& visible = Cfg().visible;
+  for (size_t i = 0; i < visible.size(); ++i) {
+    if (visible[i] == s->device()) {
+      *device = static_cast<int>(i);
+      return cudaSuccess;
+    }
+  }
+  return Fail(cudaErrorInvalidDevice);
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
@@ -211,6 +228,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   if ((flags & cudaEventInterprocess) != 0 && (flags & cudaEventDisableTiming) == 0) {
     return Fail(cudaErrorInvalidValue);
   }
+  const int device = CurrentPhysical();
   std::lock_guard lock(R().mu);
   auto* e = new Event();
   e->state = R().NewEventState(&e->index);
@@ -218,7 +236,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
     delete e;
     return Fail(cudaErrorMemoryAllocation);
   }
-  e->device = t_device;
+  e->device = device;
   e->flags = flags;
   R().events.insert(e);
   *event = reinterpret_cast<cudaEvent_t>(e);
@@ -234,6 +252,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   auto* e = reinterpret_cast<Event*>(event);
   std::lock_guard lock(R().mu);
   if (R().events.erase(e) == 0) return Fail(cudaErrorInvalidResourceHandle);
+  if (e->imported) R().imported_events.erase(e->origin);
   // An interprocess event may still be open, or recorded, in other processes, and
   // a pending record still writes its state: such slots are never reused.
   if (!e->imported && (e->flags & cudaEventInterprocess) == 0 && EventComplete(e->state)) {
@@ -250,6 +269,15 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   std::shared_ptr<Stream> s = R().Resolve(stream);
   if (!s) return Fail(cudaErrorInvalidResourceHandle);
   EventState* st = e->state;
+  {
+    std::lock_guard lock(R().mu);
+    // CUDA: the event and the stream must belong to the same device (context).
+    if (s->device() != e->device) {
+      ++R().wrong_device_records;
+      return Fail(cudaErrorInvalidResourceHandle);
+    }
+    R().recorded_here.insert(st);
+  }
   const uint64_t seq = st->recorded.fetch_add(1, std::memory_order_acq_rel) + 1;
   R().Enqueue(s, [st, seq] { MarkComplete(st, seq); });
   return cudaSuccess;
@@ -259,7 +287,13 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   SIM_ENTER();
   Event* e = LiveEvent(event);
   if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
-  return EventComplete(e->state) ? cudaSuccess : cudaErrorNotReady;
+  if (EventComplete(e->state)) return cudaSuccess;
+  // The process that made the pending record lost its context: that record never completes,
+  // and queries here say so with that process's error (this context is fine).
+  if (const int error = e->state->error.load(); error != 0) {
+    return Fail(static_cast<cudaError_t>(error));
+  }
+  return cudaErrorNotReady;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
@@ -307,8 +341,11 @@ cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t* handle, cudaEvent_t even
   return cudaSuccess;
 }
 
+// CUDA documents reference-counted re-opening for memory handles only: a second open of an
+// event handle that is open in this process is refused, so nothing relies on what CUDA does.
 cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* event, cudaIpcEventHandle_t handle) {
   SIM_ENTER();
+  const int device = CurrentPhysical();
   HandleBytes h{};
   std::memcpy(&h, &handle, sizeof(h));
   if (std::memcmp(h.magic, kEventMagic, sizeof(h.magic)) != 0 || h.key == 0 ||
@@ -316,6 +353,12 @@ cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* event, cudaIpcEventHandle_t hand
     return Fail(cudaErrorInvalidValue);
   }
   std::lock_guard lock(R().mu);
+  const std::tuple<pid_t, int, uint32_t> origin{h.pid, h.fd, static_cast<uint32_t>(h.key)};
+  if (R().imported_events.contains(origin)) {
+    std::fprintf(stderr, "expertd cudasim: IPC event handle (pid %d, index %llu) opened twice "
+                 "in one process\n", static_cast<int>(h.pid), static_cast<unsigned long long>(h.key));
+    return Fail(cudaErrorInvalidValue);
+  }
   EventState* pool = nullptr;
   if (h.pid == ::getpid()) {
     pool = R().pool;
@@ -338,10 +381,12 @@ cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* event, cudaIpcEventHandle_t hand
   if (pool == nullptr) return Fail(cudaErrorInvalidValue);
   auto* e = new Event();
   e->state = &pool[h.key];
-  e->device = t_device;
+  e->device = device;  // opened into the current context
   e->flags = cudaEventInterprocess | cudaEventDisableTiming;
   e->imported = true;
   e->index = static_cast<uint32_t>(h.key);
+  e->origin = origin;
+  R().imported_events.insert(origin);
   R().events.insert(e);
   *event = reinterpret_cast<cudaEvent_t>(e);
   return cudaSuccess;

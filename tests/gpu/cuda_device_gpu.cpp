@@ -11,9 +11,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -77,9 +79,26 @@ int RunChecks() {
   if (!checks.Ok(made.status(), "MakeCudaDeviceIfBuilt")) return checks.Finish("cuda_device");
   Device& device = **made;
   const Capabilities& caps = device.caps();
-  std::printf("device %.*s: copy_engines=%u registers_host_memory=%d max_arena=%llu\n",
+  std::printf("device %.*s: copy_engines=%u registers_host_memory=%d "
+              "registers_read_only_memory=%d max_arena=%llu\n%s\n",
               static_cast<int>(device.name().size()), device.name().data(), caps.copy_engines,
-              caps.registers_host_memory, static_cast<unsigned long long>(caps.max_arena_bytes));
+              caps.registers_host_memory, caps.registers_read_only_memory,
+              static_cast<unsigned long long>(caps.max_arena_bytes), device.notes().c_str());
+  checks.Expect(device.hardware_id().starts_with("GPU-") && device.hardware_id().size() == 40,
+                "the device names its GPU by UUID (GPU- and 36 characters)");
+  {
+    // More copy streams than CUDA_DEVICE_MAX_CONNECTIONS hardware queues are capped.
+    CudaDeviceOptions many;
+    many.copy_streams = 16;
+    absl::StatusOr<std::unique_ptr<Device>> capped = MakeCudaDeviceIfBuilt(many);
+    if (checks.Ok(capped.status(), "MakeCudaDeviceIfBuilt(copy_streams = 16)")) {
+      const char* env = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+      const uint32_t queues = env == nullptr ? 8 : std::min(16u, static_cast<uint32_t>(std::atoi(env)));
+      checks.Expect((*capped)->caps().copy_engines == queues,
+                    absl::StrCat("16 copy streams asked for: ", (*capped)->caps().copy_engines,
+                                 " made (the hardware queues: ", queues, ")"));
+    }
+  }
   checks.Expect(!caps.arenas_host_visible && caps.exports_to_other_processes && caps.async_copies &&
                     caps.copy_priorities && !caps.fences_host_visible && caps.staging_pinned &&
                     caps.copy_engines == 2,
@@ -245,6 +264,15 @@ int RunChecks() {
         auto reg = device.RegisterHostMemory({static_cast<uint8_t*>(ro), reg_bytes});
         std::printf("read-only file mapping: %s\n",
                     reg.ok() ? "registered" : reg.status().ToString().c_str());
+        // Each outcome the device announced is right; the other one is wrong. Without
+        // read-only support the refusal must leave the device healthy (staging remains).
+        if (caps.registers_read_only_memory) {
+          checks.Ok(reg.status(), "RegisterHostMemory (read-only file mapping, supported)");
+        } else if (caps.registers_host_memory) {
+          checks.Expect(!reg.ok() && device.Health().ok(),
+                        "a read-only mapping is refused without read-only support, and the "
+                        "device stays healthy");
+        }
         if (reg.ok()) {
           checks.Ok(device.SubmitCopy(OneSlotCopy((*reg)->data(), arena->get(), &f, 3, 4, 0,
                                                   CopyPriority::kPrefetch),

@@ -16,6 +16,15 @@
 //   daemon_cuda_client latency ADDR ITERATIONS SEED
 //       acquire-to-ready on the GPU (Acquire, WaitReady, an event after it, synchronize), for
 //       grants with a miss and all-hit grants: p50 / p99
+//   daemon_cuda_client stuck ADDR pending|destroyed
+//       a client whose done records never complete while its process lives: it reads one grant
+//       with a kernel that never ends (pending) or then destroys its own context (destroyed,
+//       the simulator only; 77 elsewhere), records done, releases, prints STUCK and waits until
+//       the daemon ends its session (exit 0, printing ENDED and the reason; 1 after 60 s)
+//   daemon_cuda_client devices ADDR
+//       opens a session from a thread that never chose a device, reads one grant on a stream of
+//       the GPU the session resolved, checks that a stream of another GPU is refused, and
+//       prints RESULT contexts=MASK peer=N wrong=N (simulator counters; "n/a" on a GPU)
 // Prints RESULT lines; any mismatch or error prints FAIL and exits 1.
 #include <cuda_runtime_api.h>
 
@@ -32,6 +41,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "catalog/catalog.h"
 #include "checksum_kernel.h"
@@ -149,7 +159,7 @@ int Run(const std::string& addr, const std::string& gguf, int iterations, uint64
   uint64_t max_bundle = 0;
   for (const auto& sc : model.slot_classes()) max_bundle = std::max(max_bundle, sc.bundle_bytes());
   const uint32_t k = model.n_expert_used();
-  CudaOk(cudaSetDevice(0), "cudaSetDevice");
+  CudaOk(cudaSetDevice(session->cuda_device()), "cudaSetDevice");
   cudaStream_t stream = nullptr;
   CudaOk(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   constexpr int kInFlight = 4;
@@ -254,7 +264,7 @@ int Latency(const std::string& addr, int iterations, uint64_t seed) {
   auto client = Connect(addr);
   auto session = Open(*client);
   const auto& model = session->info().model();
-  CudaOk(cudaSetDevice(0), "cudaSetDevice");
+  CudaOk(cudaSetDevice(session->cuda_device()), "cudaSetDevice");
   cudaStream_t stream = nullptr;
   CudaOk(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   cudaEvent_t ready = nullptr;
@@ -296,6 +306,116 @@ int Latency(const std::string& addr, int iterations, uint64_t seed) {
   return miss_us.empty() || hit_us.empty() ? 1 : 0;
 }
 
+// One grant of the first MoE layer read on `stream`: WaitReady, a checksum kernel per slot that
+// first sleeps `delay_ns`, RecordDone, Release.
+void ReadOneGrant(Session& session, cudaStream_t stream, uint64_t delay_ns) {
+  const auto& model = session.info().model();
+  std::vector<uint32_t> experts;
+  for (uint32_t e = 0; e < model.n_expert_used(); ++e) experts.push_back(e);
+  auto lease = session.Acquire(model.moe_layers(0), experts);
+  if (!lease.ok()) Die(absl::StrCat("acquire: ", lease.status().ToString()));
+  if (auto st = session.WaitReady(*lease, stream); !st.ok()) Die(st.ToString());
+  void* sum = nullptr;
+  CudaOk(cudaMalloc(&sum, 8), "cudaMalloc");
+  for (const auto& slot : lease->slots) {
+    // The first 256 bytes of the slot's first projection: enough for a kernel that reads it.
+    CudaOk(static_cast<cudaError_t>(
+               LaunchSlotChecksum(slot.device_projections.at(0), 256, delay_ns, sum, stream)),
+           "checksum kernel");
+  }
+  if (auto st = session.RecordDone(*lease, stream); !st.ok()) Die(st.ToString());
+  if (auto st = session.Release(*lease); !st.ok()) Die(st.ToString());
+}
+
+int Stuck(const std::string& addr, const std::string& mode) {
+  auto client = Connect(addr);
+  auto session = Open(*client);
+  CudaOk(cudaSetDevice(session->cuda_device()), "cudaSetDevice");
+  cudaStream_t stream = nullptr;
+  CudaOk(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  // A kernel that outlives the test: its done record stays pending while the process lives.
+  ReadOneGrant(*session, stream,
+               mode == "pending" ? uint64_t{600'000'000'000} : uint64_t{2'000'000'000});
+  if (mode == "destroyed") {
+    // The kernel sleeps 2 s: its done record is still pending when the context goes.
+    if (!DestroyContextForTest()) {
+      std::printf("SKIP: only the CUDA simulator can destroy a context on purpose\n");
+      std::fflush(stdout);
+      std::_Exit(77);
+    }
+  }
+  std::printf("STUCK %s\n", mode.c_str());
+  std::fflush(stdout);
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  const auto& model = session->info().model();
+  while (Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // A hint needs no answer and no GPU work: it fails once the stream has ended.
+    const uint32_t expert = 0;
+    const absl::Status st = session->Prefetch(model.moe_layers(0), {&expert, 1});
+    if (absl::StrContains(st.message(), "ended this session")) {
+      std::printf("ENDED: %s\n", std::string(st.message()).c_str());
+      std::fflush(stdout);
+      std::_Exit(0);  // the pending records and the failed context stay as they are
+    }
+  }
+  std::printf("FAIL: the daemon did not end the session within 60 s\n");
+  std::fflush(stdout);
+  std::_Exit(1);
+}
+
+int Devices(const std::string& addr) {
+  // No CUDA call before the session: this thread never chose a device.
+  auto client = Connect(addr);
+  auto session = Open(*client);
+  const int mine = session->cuda_device();
+  std::printf("session on %s (UUID %s) is cuda:%d here\n", session->info().device().c_str(),
+              session->info().device_uuid().c_str(), mine);
+  CudaOk(cudaSetDevice(mine), "cudaSetDevice");
+  cudaStream_t stream = nullptr;
+  CudaOk(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  ReadOneGrant(*session, stream, 0);
+  CudaOk(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  unsigned mask = 0;
+  int peer = 0, wrong = 0;
+  if (ContextReportForTest(&mask, &peer, &wrong)) {
+    std::printf("RESULT contexts=%u peer=%d wrong=%d\n", mask, peer, wrong);
+  } else {
+    std::printf("RESULT contexts=n/a peer=n/a wrong=n/a (counted by the simulator only)\n");
+  }
+  // Then, on purpose, a stream of another GPU (which creates a context there).
+  int count = 0;
+  CudaOk(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (count > 1) {
+    // A stream of another GPU is refused before anything is queued.
+    const int other = mine == 0 ? 1 : 0;
+    CudaOk(cudaSetDevice(other), "cudaSetDevice");
+    cudaStream_t foreign = nullptr;
+    CudaOk(cudaStreamCreateWithFlags(&foreign, cudaStreamNonBlocking), "cudaStreamCreate");
+    const auto& model = session->info().model();
+    const std::vector<uint32_t> first{0};
+    auto lease = session->Acquire(model.moe_layers(0), first);
+    if (!lease.ok()) Die(lease.status().ToString());
+    const absl::Status refused = session->WaitReady(*lease, foreign);
+    if (refused.code() != absl::StatusCode::kFailedPrecondition ||
+        !absl::StrContains(refused.message(), "belongs to cuda:")) {
+      Die(absl::StrCat("a stream of cuda:", other, " was not refused: ", refused.ToString()));
+    }
+    std::printf("refused: %s\n", std::string(refused.message()).c_str());
+    CudaOk(cudaStreamDestroy(foreign), "cudaStreamDestroy");
+    // Read it properly, on the right GPU, so it can be released.
+    CudaOk(cudaSetDevice(mine), "cudaSetDevice");
+    cudaStream_t right = nullptr;
+    CudaOk(cudaStreamCreateWithFlags(&right, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (auto st = session->WaitReady(*lease, right); !st.ok()) Die(st.ToString());
+    if (auto st = session->RecordDone(*lease, right); !st.ok()) Die(st.ToString());
+    if (auto st = session->Release(*lease); !st.ok()) Die(st.ToString());
+    CudaOk(cudaStreamSynchronize(right), "cudaStreamSynchronize");
+  }
+  session->Close();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -326,6 +446,10 @@ int main(int argc, char** argv) {
     return Run(a[1], a[2], std::atoi(a[3].c_str()), std::strtoull(a[4].c_str(), nullptr, 10),
                std::strtoull(a[5].c_str(), nullptr, 10));
   }
+  if (a.size() == 3 && a[0] == "stuck" && (a[2] == "pending" || a[2] == "destroyed")) {
+    return Stuck(a[1], a[2]);
+  }
+  if (a.size() == 2 && a[0] == "devices") return Devices(a[1]);
   if (a.size() == 4 && a[0] == "latency") {
     return Latency(a[1], std::atoi(a[2].c_str()), std::strtoull(a[3].c_str(), nullptr, 10));
   }

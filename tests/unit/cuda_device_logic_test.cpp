@@ -3,6 +3,7 @@
 // never-recorded-event trap), and the IPC handle layout in export descriptors.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -435,6 +436,48 @@ TEST(IpcLayout, FenceExportsAreChecked) {
   bad = *e;
   bad.handle.kind = SharedHandle::Kind::kHostShm;
   EXPECT_FALSE(CheckFenceExport(bad).ok());
+}
+
+
+TEST(CopyStreams, CappedAtTheHardwareQueues) {
+  // CUDA's default of 8 connections when the variable is unset or not a positive number.
+  EXPECT_EQ(CapCopyStreams(2, "").streams, 2u);
+  EXPECT_TRUE(CapCopyStreams(2, "").note.empty());
+  EXPECT_EQ(CapCopyStreams(8, "").streams, 8u);
+  const StreamCap capped = CapCopyStreams(16, "");
+  EXPECT_EQ(capped.streams, 8u);
+  EXPECT_NE(capped.note.find("capped at 8"), std::string::npos) << capped.note;
+  EXPECT_EQ(CapCopyStreams(16, "junk").streams, 8u);
+  EXPECT_EQ(CapCopyStreams(16, "0").streams, 8u);
+  // The variable's value, at most CUDA's bound of 32.
+  EXPECT_EQ(CapCopyStreams(16, "4").streams, 4u);
+  EXPECT_NE(CapCopyStreams(16, "4").note.find("CUDA_DEVICE_MAX_CONNECTIONS=4"), std::string::npos);
+  EXPECT_EQ(CapCopyStreams(16, "32").streams, 16u);
+  EXPECT_EQ(CapCopyStreams(40, "64").streams, 32u);
+}
+
+TEST(IpcLayout, GpuUuidPrintsAsNvidiaSmiDoes) {
+  const std::array<uint8_t, 16> bytes = {0x8f, 0x2c, 0x1a, 0x07, 0x00, 0xff, 0x10, 0x20,
+                                         0xab, 0xcd, 0x01, 0x23, 0x45, 0x67, 0x89, 0x0e};
+  EXPECT_EQ(FormatGpuUuid(bytes), "GPU-8f2c1a07-00ff-1020-abcd-01234567890e");
+}
+
+TEST(EventGenerations, ADeclarationKeepsTheTimeOfItsNewestGeneration) {
+  EventGenerations g(2);
+  ASSERT_TRUE(g.BeginReadyRecord(0, 3).ok());
+  ASSERT_TRUE(g.DeclareDoneRecorded(0, 2, /*source=*/5, /*now=*/100).ok());
+  ASSERT_EQ(g.WaitDeclarations(0).size(), 1u);
+  EXPECT_EQ(g.WaitDeclarations(0)[0].source, 5u);
+  EXPECT_EQ(g.WaitDeclarations(0)[0].declared_at, 100);
+  // A stale declaration changes nothing, a newer generation restarts the clock.
+  ASSERT_TRUE(g.DeclareDoneRecorded(0, 1, 5, 200).ok());
+  EXPECT_EQ(g.WaitDeclarations(0)[0].declared_at, 100);
+  ASSERT_TRUE(g.DeclareDoneRecorded(0, 3, 5, 300).ok());
+  EXPECT_EQ(g.WaitDeclarations(0)[0].declared_at, 300);
+  // Dropping the source (given up on) leaves nothing to wait for.
+  EXPECT_EQ(g.DropSource(5), 1u);
+  EXPECT_TRUE(g.WaitDeclarations(0).empty());
+  EXPECT_EQ(g.ForWait(0, 3), WaitAction::kNone);
 }
 
 }  // namespace

@@ -2,7 +2,12 @@
 // device/cuda_factory.h for the contracts).
 #include "device/cuda/cuda_client.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <array>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -21,15 +26,68 @@
 namespace expertd::cuda {
 namespace {
 
-// Runs `f` with `ordinal` as the calling thread's current device, then restores the caller's:
-// the engine's threads have their own current device and must not find it changed.
+// The driver's context calls, reached through the runtime (no link against libcuda): the only
+// way to tell "this thread has no current context" from "its current device is 0".
+struct ContextCalls {
+  PFN_cuCtxGetCurrent_v4000 get = nullptr;
+  PFN_cuCtxSetCurrent_v4000 set = nullptr;
+  absl::Status status;
+};
+
+const ContextCalls& Contexts() {
+  static const ContextCalls calls = [] {
+    ContextCalls c;
+    void* get = nullptr;
+    void* set = nullptr;
+    cudaDriverEntryPointQueryResult found_get = cudaDriverEntryPointSymbolNotFound;
+    cudaDriverEntryPointQueryResult found_set = cudaDriverEntryPointSymbolNotFound;
+    c.status = EXPERTD_CUDA_STATUS(cudaGetDriverEntryPointByVersion(
+        "cuCtxGetCurrent", &get, 4000, cudaEnableDefault, &found_get));
+    c.status.Update(EXPERTD_CUDA_STATUS(cudaGetDriverEntryPointByVersion(
+        "cuCtxSetCurrent", &set, 4000, cudaEnableDefault, &found_set)));
+    if (c.status.ok() && (found_get != cudaDriverEntryPointSuccess ||
+                          found_set != cudaDriverEntryPointSuccess)) {
+      c.status = absl::UnavailableError("the CUDA driver has no cuCtxGetCurrent/cuCtxSetCurrent");
+    }
+    c.get = reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(get);
+    c.set = reinterpret_cast<PFN_cuCtxSetCurrent_v4000>(set);
+    return c;
+  }();
+  return calls;
+}
+
+// Runs `f` with `ordinal` as the calling thread's current device, then puts back exactly the
+// context the thread had — none included: the engine's threads have their own current device
+// and must not find it changed, and restoring "device 0" on a thread that never chose one
+// would create a primary context on GPU 0 in every client (and fail on an exclusive-process
+// GPU 0).
 absl::Status WithDevice(int ordinal, absl::FunctionRef<absl::Status()> f) {
-  int previous = 0;
-  RETURN_IF_ERROR(EXPERTD_CUDA_STATUS(cudaGetDevice(&previous)));
-  if (previous != ordinal) RETURN_IF_ERROR(EXPERTD_CUDA_STATUS(cudaSetDevice(ordinal)));
+  const ContextCalls& calls = Contexts();
+  RETURN_IF_ERROR(calls.status);
+  CUcontext previous = nullptr;
+  if (const CUresult r = calls.get(&previous); r != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cuCtxGetCurrent failed: CUresult ", r));
+  }
+  RETURN_IF_ERROR(EXPERTD_CUDA_STATUS(cudaSetDevice(ordinal)));
   absl::Status st = f();
-  if (previous != ordinal) st.Update(EXPERTD_CUDA_STATUS(cudaSetDevice(previous)));
+  if (const CUresult r = calls.set(previous); r != CUDA_SUCCESS) {
+    st.Update(absl::InternalError(absl::StrCat("cuCtxSetCurrent failed: CUresult ", r)));
+  }
   return st;
+}
+
+// `stream` (nullptr: the legacy stream of the current device) must belong to `ordinal`: an
+// event of one device cannot be recorded on another's stream, and a wait across devices would
+// order nothing the caller meant.
+absl::Status CheckStreamDevice(void* stream, int ordinal) {
+  int device = -1;
+  RETURN_IF_ERROR(
+      EXPERTD_CUDA_STATUS(cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &device)));
+  if (device == ordinal) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("the stream belongs to cuda:", device, " in this process, but the session's "
+                   "GPU is cuda:", ordinal, " here: queue the kernels that read its slots on a "
+                   "stream of that GPU"));
 }
 
 // Open objects by key, shared while anyone holds them. The opener runs under the lock, so two
@@ -99,9 +157,29 @@ class OpenedArena final : public CudaArenaView {
   uint64_t reserved_;
 };
 
+// One IPC event opened in this process. CUDA documents reference-counted re-opening for memory
+// handles only, so each event handle is opened once per process (SharedEvent) however many
+// sessions name it — the ready events of a slot class are the same for every session — and
+// destroyed, on its device, with the last reference.
+class OpenedEvent {
+ public:
+  OpenedEvent(cudaEvent_t event, int ordinal) : event_(event), ordinal_(ordinal) {}
+  ~OpenedEvent() {
+    (void)WithDevice(ordinal_, [this] { return EXPERTD_CUDA_STATUS(cudaEventDestroy(event_)); });
+  }
+  OpenedEvent(const OpenedEvent&) = delete;
+  OpenedEvent& operator=(const OpenedEvent&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_;
+  int ordinal_;
+};
+using SharedEvent = std::shared_ptr<const OpenedEvent>;
+
 class OpenedEvents final : public CudaSessionEvents {
  public:
-  OpenedEvents(int ordinal, std::vector<EventOwner> ready, std::vector<EventOwner> done)
+  OpenedEvents(int ordinal, std::vector<SharedEvent> ready, std::vector<SharedEvent> done)
       : ordinal_(ordinal),
         ready_(std::move(ready)),
         done_(std::move(done)),
@@ -113,7 +191,7 @@ class OpenedEvents final : public CudaSessionEvents {
     // latest record can leave the daemon's view of it pending for good.
     (void)WithDevice(ordinal_, [this] {
       for (size_t i = 0; i < done_.size(); ++i) {
-        if (recorded_[i]) (void)cudaEventSynchronize(done_[i].get());
+        if (recorded_[i]) (void)cudaEventSynchronize(done_[i]->get());
       }
       ready_.clear();
       done_.clear();
@@ -130,7 +208,8 @@ class OpenedEvents final : public CudaSessionEvents {
     }
     auto stream = static_cast<cudaStream_t>(cuda_stream);
     return WithDevice(ordinal_, [&] {
-      return EXPERTD_CUDA_STATUS(cudaStreamWaitEvent(stream, ready_[slot].get(), 0));
+      RETURN_IF_ERROR(CheckStreamDevice(cuda_stream, ordinal_));
+      return EXPERTD_CUDA_STATUS(cudaStreamWaitEvent(stream, ready_[slot]->get(), 0));
     });
   }
 
@@ -140,8 +219,9 @@ class OpenedEvents final : public CudaSessionEvents {
     std::lock_guard lock(mu_);
     RETURN_IF_ERROR(gens_.OnRecordDone(slot, generation));
     auto stream = static_cast<cudaStream_t>(cuda_stream);
-    cudaEvent_t done = done_[slot].get();
+    cudaEvent_t done = done_[slot]->get();
     return WithDevice(ordinal_, [&] {
+      RETURN_IF_ERROR(CheckStreamDevice(cuda_stream, ordinal_));
       RETURN_IF_ERROR(EXPERTD_CUDA_STATUS(cudaStreamWaitEvent(stream, done, 0)));
       RETURN_IF_ERROR(EXPERTD_CUDA_STATUS(cudaEventRecord(done, stream)));
       recorded_[slot] = true;
@@ -151,8 +231,8 @@ class OpenedEvents final : public CudaSessionEvents {
 
  private:
   const int ordinal_;
-  std::vector<EventOwner> ready_;
-  std::vector<EventOwner> done_;
+  std::vector<SharedEvent> ready_;
+  std::vector<SharedEvent> done_;
   std::vector<bool> recorded_;  // done_[i] was recorded at least once (guarded by mu_)
   std::mutex mu_;
   ClientGenerations gens_;
@@ -168,16 +248,58 @@ OpenCache<CudaSessionEvents>& EventCache() {
   static auto* cache = new OpenCache<CudaSessionEvents>();
   return *cache;
 }
+OpenCache<const OpenedEvent>& SingleEventCache() {
+  static auto* cache = new OpenCache<const OpenedEvent>();
+  return *cache;
+}
 
-absl::StatusOr<EventOwner> OpenEvent(const IpcHandleBytes& bytes) {
-  cudaIpcEventHandle_t h{};
-  std::memcpy(&h, bytes.data(), sizeof(h));
-  cudaEvent_t event = nullptr;
-  RETURN_IF_ERROR(EXPERTD_CUDA_STATUS(cudaIpcOpenEventHandle(&event, h)));
-  return EventOwner(event);
+// With `ordinal` current on the calling thread.
+absl::StatusOr<SharedEvent> OpenEvent(const IpcHandleBytes& bytes, int ordinal) {
+  const std::string key =
+      absl::StrCat(ordinal, ":", absl::string_view(bytes.data(), bytes.size()));
+  return SingleEventCache().Get(key, [&]() -> absl::StatusOr<std::unique_ptr<const OpenedEvent>> {
+    cudaIpcEventHandle_t h{};
+    std::memcpy(&h, bytes.data(), sizeof(h));
+    cudaEvent_t event = nullptr;
+    RETURN_IF_ERROR(EXPERTD_CUDA_STATUS(cudaIpcOpenEventHandle(&event, h)));
+    return std::make_unique<const OpenedEvent>(event, ordinal);
+  });
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> DeviceUuid(int ordinal) {
+  cudaDeviceProp props{};
+  RETURN_IF_ERROR(EXPERTD_CUDA_STATUS(cudaGetDeviceProperties(&props, ordinal)));
+  std::array<uint8_t, 16> bytes{};
+  std::memcpy(bytes.data(), props.uuid.bytes, bytes.size());
+  return FormatGpuUuid(bytes);
+}
+
+absl::StatusOr<int> ResolveDevice(std::string_view uuid, int requested) {
+  int count = 0;
+  RETURN_IF_ERROR(EXPERTD_CUDA_STATUS(cudaGetDeviceCount(&count)));
+  int found = -1;
+  for (int i = 0; i < count && found < 0; ++i) {
+    ASSIGN_OR_RETURN(const std::string id, DeviceUuid(i));
+    if (id == uuid) found = i;
+  }
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string seen = absl::StrCat(
+      count, " GPU(s) visible here, CUDA_VISIBLE_DEVICES ",
+      visible != nullptr ? absl::StrCat("= '", visible, "'") : std::string("unset"));
+  if (found < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the daemon's GPU ", AV(uuid), " is not visible to this process (", seen,
+        "): the client must see the GPU whose memory it reads"));
+  }
+  if (requested >= 0 && requested != found) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda_device ", requested, " is not the daemon's GPU ", AV(uuid), ", which is cuda:",
+        found, " in this process (", seen, ")"));
+  }
+  return found;
+}
 
 absl::StatusOr<std::shared_ptr<const CudaArenaView>> OpenArena(const ArenaExport& descriptor,
                                                                int device_ordinal) {
@@ -214,13 +336,13 @@ absl::StatusOr<std::shared_ptr<CudaSessionEvents>> OpenEvents(const FenceExport&
   RETURN_IF_ERROR(CheckFenceExport(descriptor));
   const std::string key = absl::StrCat(device_ordinal, ":", descriptor.handle.ipc_handle);
   return EventCache().Get(key, [&]() -> absl::StatusOr<std::unique_ptr<CudaSessionEvents>> {
-    std::vector<EventOwner> ready;
-    std::vector<EventOwner> done;
+    std::vector<SharedEvent> ready;
+    std::vector<SharedEvent> done;
     const absl::Status st = WithDevice(device_ordinal, [&]() -> absl::Status {
       for (uint32_t i = 0; i < descriptor.n_slots; ++i) {
-        ASSIGN_OR_RETURN(EventOwner r, OpenEvent(ReadyHandleOf(descriptor, i)));
+        ASSIGN_OR_RETURN(SharedEvent r, OpenEvent(ReadyHandleOf(descriptor, i), device_ordinal));
         ready.push_back(std::move(r));
-        ASSIGN_OR_RETURN(EventOwner d, OpenEvent(DoneHandleOf(descriptor, i)));
+        ASSIGN_OR_RETURN(SharedEvent d, OpenEvent(DoneHandleOf(descriptor, i), device_ordinal));
         done.push_back(std::move(d));
       }
       return absl::OkStatus();

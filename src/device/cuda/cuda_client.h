@@ -6,6 +6,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "device/cuda_factory.h"
@@ -13,12 +15,18 @@
 
 namespace expertd::cuda {
 
+// The UUID of this process's GPU `ordinal` ("GPU-" and the 16 bytes as nvidia-smi prints them).
+absl::StatusOr<std::string> DeviceUuid(int ordinal);
+// See ResolveCudaDeviceIfBuilt (cuda_factory.h).
+absl::StatusOr<int> ResolveDevice(std::string_view uuid, int requested);
+
 // cudaIpcOpenMemHandle once per process per (handle, ordinal): a process-wide cache of weak
 // references returns the open view while anyone holds it; the last reference closes it.
 absl::StatusOr<std::shared_ptr<const CudaArenaView>> OpenArena(const ArenaExport& descriptor,
                                                                int device_ordinal);
 
-// cudaIpcOpenEventHandle for every ready and done event of the table, cached the same way.
+// cudaIpcOpenEventHandle for every ready and done event of the table, cached the same way; each
+// event handle is opened once per process however many descriptors name it.
 absl::StatusOr<std::shared_ptr<CudaSessionEvents>> OpenEvents(const FenceExport& descriptor,
                                                               int device_ordinal);
 

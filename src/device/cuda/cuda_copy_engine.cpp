@@ -13,6 +13,11 @@ namespace {
 
 const CudaFenceTable& Table(const FenceTable* t) { return *static_cast<const CudaFenceTable*>(t); }
 CudaFenceTable& Table(FenceTable* t) { return *static_cast<CudaFenceTable*>(t); }
+// A wait's table, to give up on a source's records (AbandonSource): requests name tables const
+// because copies only read them, but each is this device's own object.
+CudaFenceTable& OwnTable(const FenceTable* t) {
+  return *const_cast<CudaFenceTable*>(static_cast<const CudaFenceTable*>(t));
+}
 
 }  // namespace
 
@@ -55,24 +60,54 @@ void CudaCopyEngine::Kick() {
   if (!stopping_) DispatchLocked();
 }
 
-bool CudaCopyEngine::EligibleLocked(const CopyRequest& request) const {
+bool CudaCopyEngine::EligibleLocked(const CopyRequest& request) {
   for (const FenceWait& w : request.waits) {
-    const CudaFenceTable& table = Table(w.fences);
+    CudaFenceTable& table = OwnTable(w.fences);
     const WaitAction action = table.ForWait(w.slot, w.generation);
     if (action == WaitAction::kNotDeclared) return false;
     if (action != WaitAction::kWaitDoneEvent) continue;
     // A reader's done record still pending: hold the copy here rather than queue a GPU-side
     // wait on it. A cudaStreamWaitEvent cannot be withdrawn, and a record of a process that
     // dies before reaching it may never complete: the copy stream (and every copy behind it,
-    // of every client) would stop for good. Held here, DropSource (the process exited) or the
-    // record completing lets it go; the completion thread re-checks every poll_interval.
-    for (const auto& [keep, done] : table.DoneWaits(w.slot)) {
-      const cudaError_t q = cudaEventQuery(done);
-      if (q == cudaErrorNotReady) return false;
-      // Success, or an error EnqueueOperations reports when it queries again.
+    // of every client) would stop for good. Held here, DropSource (the process exited), the
+    // record completing, or its deadline passing lets it go; the completion thread re-checks
+    // every poll_interval.
+    for (const CudaFenceTable::DoneWait& done : table.DoneWaits(w.slot)) {
+      const cudaError_t q = cudaEventQuery(done.event);
+      if (q == cudaSuccess) continue;
+      if (q != cudaErrorNotReady) {
+        GiveUpOnRecordLocked(table, done, q);
+        continue;
+      }
+      const auto pending = std::chrono::steady_clock::now() - done.declared_at;
+      if (pending < absl::ToChronoNanoseconds(options_.done_record_timeout)) return false;
+      table.AbandonSource(
+          done.source,
+          absl::DeadlineExceededError(absl::StrCat(
+              "a done record of this session (slot ", w.slot, ") was still pending ",
+              absl::FormatDuration(options_.done_record_timeout),
+              " after its release: the daemon took the session's slots back")));
     }
   }
   return true;
+}
+
+void CudaCopyEngine::GiveUpOnRecordLocked(CudaFenceTable& table,
+                                          const CudaFenceTable::DoneWait& done,
+                                          cudaError_t error) {
+  // The record is the client's, made in its context, which may be gone or broken
+  // (cudaErrorUnknown, cudaErrorContextIsDestroyed) while this device's context is fine: ask
+  // this device's own demand stream which it is.
+  const cudaError_t own = cudaStreamQuery(lanes_[0].stream.get());
+  if (own != cudaSuccess && own != cudaErrorNotReady) {
+    (void)ctx_->latch.Observe(EXPERTD_CUDA_ERROR(own, "cudaStreamQuery(demand stream)"));
+    return;  // this device is broken: the copy fails when it is enqueued
+  }
+  table.AbandonSource(
+      done.source,
+      Annotate(EXPERTD_CUDA_ERROR(error, "cudaEventQuery(a done event of this session)"),
+               "the client's context failed with its done record pending (this device's own "
+               "stream is fine); the daemon took the session's slots back"));
 }
 
 bool CudaCopyEngine::WaitingLocked() const { return !queues_[0].empty() || !queues_[1].empty(); }
@@ -123,18 +158,20 @@ absl::Status CudaCopyEngine::EnqueueOperations(const CopyRequest& request, cudaS
                                                absl::Status* signal_status) {
   RETURN_IF_ERROR(ctx_->Use());
   for (const FenceWait& w : request.waits) {
-    const CudaFenceTable& table = Table(w.fences);
+    CudaFenceTable& table = OwnTable(w.fences);
     if (table.ForWait(w.slot, w.generation) != WaitAction::kWaitDoneEvent) continue;
     // One done event per session that declared a read of the slot's previous occupants.
     // EligibleLocked saw each complete; an event never goes back to pending, so this only
     // catches errors (and orders the copy after the record, which costs nothing once complete).
-    for (const auto& [keep, done] : table.DoneWaits(w.slot)) {
-      const cudaError_t q = cudaEventQuery(done);
+    for (const CudaFenceTable::DoneWait& done : table.DoneWaits(w.slot)) {
+      const cudaError_t q = cudaEventQuery(done.event);
       if (q == cudaSuccess) continue;
       if (q != cudaErrorNotReady) {
-        return ctx_->latch.Observe(EXPERTD_CUDA_ERROR(q, "cudaEventQuery(done event)"));
+        GiveUpOnRecordLocked(table, done, q);
+        RETURN_IF_ERROR(ctx_->latch.Get());
+        continue;
       }
-      EXPERTD_CUDA_RETURN_IF_ERROR(ctx_->latch, cudaStreamWaitEvent(stream, done, 0));
+      EXPERTD_CUDA_RETURN_IF_ERROR(ctx_->latch, cudaStreamWaitEvent(stream, done.event, 0));
     }
   }
   for (const CopySegment& s : request.segments) {

@@ -49,6 +49,10 @@ class CudaCopyEngine {
     uint32_t prefetch_in_flight = 4;
     absl::Duration poll_interval = absl::Microseconds(50);
     absl::Duration shutdown_timeout = absl::Seconds(30);
+    // A reader's done record still pending this long after its declaration is given up on
+    // (CudaFenceTable::AbandonSource): a live client whose context hit a sticky error would
+    // otherwise pin the slot, and stall Drain, for good.
+    absl::Duration done_record_timeout = absl::Seconds(30);
   };
 
   // Creates the streams and starts the completion thread.
@@ -88,7 +92,13 @@ class CudaCopyEngine {
 
   CudaCopyEngine(DeviceContext* ctx, Options options) : ctx_(ctx), options_(options) {}
 
-  bool EligibleLocked(const CopyRequest& request) const;
+  // Whether every wait of `request` passed (declared, and each declared record completed or
+  // given up on). May give up on sources (below).
+  bool EligibleLocked(const CopyRequest& request);
+  // A reader's done event answered `error`: the client's context failed (AbandonSource) unless
+  // this device's own stream fails too (then the latch takes it).
+  void GiveUpOnRecordLocked(CudaFenceTable& table, const CudaFenceTable::DoneWait& done,
+                            cudaError_t error);
   bool WaitingLocked() const;  // copies wait on the CPU (for declarations or pending records)
   Lane* PrefetchLaneLocked();
   void DispatchLocked();

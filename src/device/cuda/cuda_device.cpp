@@ -5,11 +5,13 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "device/cuda/cuda_check.h"
+#include "device/cuda/cuda_client.h"
 #include "device/cuda/cuda_copy_engine.h"
 #include "device/cuda/cuda_objects.h"
 #include "device/cuda/registration_plan.h"
@@ -42,8 +44,8 @@ absl::Status CheckOptions(const CudaDeviceOptions& o) {
                        " is not a positive multiple of the page size ", PageBytes());
   }
   if (o.completion_poll_interval <= absl::ZeroDuration() ||
-      o.shutdown_timeout < absl::ZeroDuration()) {
-    bad = "completion_poll_interval must be > 0 and shutdown_timeout >= 0";
+      o.shutdown_timeout < absl::ZeroDuration() || o.done_record_timeout <= absl::ZeroDuration()) {
+    bad = "completion_poll_interval and done_record_timeout must be > 0, shutdown_timeout >= 0";
   }
   if (bad.empty()) return absl::OkStatus();
   return InvalidError(ErrorKind::kBadValue, absl::StrCat("cuda device: ", bad));
@@ -56,6 +58,8 @@ class CudaDevice final : public Device {
 
   std::string_view name() const override { return name_; }
   const Capabilities& caps() const override { return caps_; }
+  std::string hardware_id() const override { return uuid_; }
+  std::string notes() const override { return notes_; }
   absl::Status Health() const override { return ctx_->latch.Get(); }
 
   absl::StatusOr<std::unique_ptr<Arena>> AllocateArena(uint64_t bytes,
@@ -96,6 +100,8 @@ class CudaDevice final : public Device {
   Capabilities caps_;
   RegistrationChoice registration_;
   std::string name_;
+  std::string uuid_;
+  std::string notes_;
   uint64_t chunk_bytes_ = 0;
 };
 
@@ -127,29 +133,38 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const CudaDeviceOptio
       cudaDeviceGetAttribute(&attr, cudaDevAttrHostRegisterReadOnlySupported, options.ordinal));
   probe.device_supports_read_only = attr != 0;
   d->registration_ = ChooseRegistrationMode(probe);
+  ASSIGN_OR_RETURN(d->uuid_, DeviceUuid(options.ordinal));
+  // More streams than the hardware has work queues share queues and order each other's copies.
+  const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  const StreamCap cap = CapCopyStreams(options.copy_streams,
+                                       connections != nullptr ? connections : "");
 
   size_t free_bytes = 0;
   size_t total_bytes = 0;
   EXPERTD_CUDA_RETURN_IF_ERROR(ctx.latch, cudaMemGetInfo(&free_bytes, &total_bytes));
 
   CudaCopyEngine::Options eo;
-  eo.streams = options.copy_streams;
+  eo.streams = cap.streams;
   eo.prefetch_in_flight = options.prefetch_copies_in_flight;
   eo.poll_interval = options.completion_poll_interval;
   eo.shutdown_timeout = options.shutdown_timeout;
+  eo.done_record_timeout = options.done_record_timeout;
   ASSIGN_OR_RETURN(d->engine_, CudaCopyEngine::Create(&ctx, eo));
 
   Capabilities& c = d->caps_;
   c.exports_to_other_processes = true;
   c.async_copies = true;
-  c.copy_priorities = options.copy_streams >= 2;
+  c.copy_priorities = cap.streams >= 2;
   c.staging_pinned = true;
   c.registers_host_memory = d->registration_.mode != RegistrationMode::kUnsupported;
+  c.registers_read_only_memory = d->registration_.mode == RegistrationMode::kReadOnly;
   c.session_fences = true;
-  c.copy_engines = options.copy_streams;
+  c.copy_engines = cap.streams;
   c.max_arena_bytes = options.max_arena_bytes != 0 ? options.max_arena_bytes : total_bytes;
   c.max_staging_bytes = pinned_limit;
   d->name_ = absl::StrCat("cuda:", options.ordinal);
+  d->notes_ = absl::StrCat(d->uuid_, "; ", d->registration_.reason,
+                           cap.note.empty() ? "" : "; ", cap.note);
   d->chunk_bytes_ = options.register_chunk_bytes;
   return std::unique_ptr<Device>(std::move(d));
 }

@@ -124,16 +124,32 @@ WaitAction CudaFenceTable::ForWait(SlotId slot, uint64_t generation) const {
   return gens_.ForWait(slot, generation);
 }
 
-std::vector<std::pair<std::shared_ptr<const DoneEventSet>, cudaEvent_t>> CudaFenceTable::DoneWaits(
-    SlotId slot) const {
+std::vector<CudaFenceTable::DoneWait> CudaFenceTable::DoneWaits(SlotId slot) const {
   std::lock_guard lock(mu_);
-  std::vector<std::pair<std::shared_ptr<const DoneEventSet>, cudaEvent_t>> out;
-  for (uint64_t source : gens_.WaitSources(slot)) {
-    auto it = sources_.find(source);
+  std::vector<DoneWait> out;
+  for (const EventGenerations::SourceWait& w : gens_.WaitDeclarations(slot)) {
+    auto it = sources_.find(w.source);
     if (it == sources_.end()) continue;  // cannot happen: declarations keep their source
-    out.emplace_back(it->second.events, it->second.events->events[slot].get());
+    out.push_back(DoneWait{it->second.events, it->second.events->events[slot].get(), w.source,
+                           std::chrono::steady_clock::time_point(
+                               std::chrono::steady_clock::duration(w.declared_at))});
   }
   return out;
+}
+
+void CudaFenceTable::AbandonSource(uint64_t source, absl::Status why) {
+  std::lock_guard lock(mu_);
+  if (auto it = sources_.find(source); it != sources_.end() && it->second.failure.ok()) {
+    it->second.failure = std::move(why);
+  }
+  gens_.DropSource(source);
+  ForgetDetachedLocked();
+}
+
+absl::Status CudaFenceTable::SourceFailure(uint64_t source) const {
+  std::lock_guard lock(mu_);
+  auto it = sources_.find(source);
+  return it == sources_.end() ? absl::OkStatus() : it->second.failure;
 }
 
 absl::Status CudaFenceTable::RecordReady(SlotId slot, uint64_t generation, cudaStream_t stream) {
@@ -155,7 +171,8 @@ absl::Status CudaFenceTable::DeclareDone(SlotId slot, uint64_t generation, bool 
       return absl::FailedPreconditionError(
           absl::StrCat("done declared for an unknown source ", source));
     }
-    RETURN_IF_ERROR(recorded ? gens_.DeclareDoneRecorded(slot, generation, source)
+    const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+    RETURN_IF_ERROR(recorded ? gens_.DeclareDoneRecorded(slot, generation, source, now)
                              : gens_.DeclareDoneForced(slot, generation, source));
     if (!recorded) ForgetDetachedLocked();
   }
@@ -211,8 +228,8 @@ absl::Status CudaFenceTable::WaitDone(SlotId slot, uint64_t generation,
     if (action == WaitAction::kNone) return absl::OkStatus();
     if (action == WaitAction::kWaitDoneEvent) {
       bool all = true;
-      for (const auto& [keep, event] : DoneWaits(slot)) {
-        const cudaError_t e = cudaEventQuery(event);
+      for (const DoneWait& w : DoneWaits(slot)) {
+        const cudaError_t e = cudaEventQuery(w.event);
         if (e == cudaErrorNotReady) {
           all = false;
         } else if (e != cudaSuccess) {

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -192,13 +193,26 @@ class CudaFenceTable final : public FenceTable {
   uint64_t AddSource(std::shared_ptr<const DoneEventSet> events);
   void DetachSource(uint64_t source);
   void DropSource(uint64_t source);
+  // The copy engine gives up on `source`'s done records: one answered an error of the client's
+  // context (this device's own stream being fine), or one stayed pending longer than the
+  // device's done_record_timeout after its declaration. Its declarations are dropped, as for
+  // DropSource, and `why` is kept for its session (SourceFailure): the daemon ends that session.
+  // Does not call on_declared (the engine calls this with its own lock held).
+  void AbandonSource(uint64_t source, absl::Status why);
+  // OK, or why the engine gave up on the source's records.
+  absl::Status SourceFailure(uint64_t source) const;
 
   // For the copy engine.
   WaitAction ForWait(SlotId slot, uint64_t generation) const;
-  // With kWaitDoneEvent: the done events to wait on for `slot` (one per declared source),
-  // kept alive by the returned references.
-  std::vector<std::pair<std::shared_ptr<const DoneEventSet>, cudaEvent_t>> DoneWaits(
-      SlotId slot) const;
+  // With kWaitDoneEvent: the done events to wait on for `slot` (one per declared source), kept
+  // alive by `keep`, with their source and when it declared.
+  struct DoneWait {
+    std::shared_ptr<const DoneEventSet> keep;
+    cudaEvent_t event = nullptr;
+    uint64_t source = 0;
+    std::chrono::steady_clock::time_point declared_at;
+  };
+  std::vector<DoneWait> DoneWaits(SlotId slot) const;
   // Checks `generation` against ready, records the slot's ready event on `stream` and raises
   // ready, all under the table's lock (so ready never names a record not yet made).
   absl::Status RecordReady(SlotId slot, uint64_t generation, cudaStream_t stream);
@@ -207,6 +221,7 @@ class CudaFenceTable final : public FenceTable {
   struct Source {
     std::shared_ptr<const DoneEventSet> events;
     bool detached = false;
+    absl::Status failure;  // AbandonSource
   };
   CudaFenceTable(DeviceContext* ctx, uint32_t n_slots, std::vector<EventOwner> ready,
                  std::shared_ptr<const DoneEventSet> done, std::function<void()> on_declared)
@@ -244,6 +259,7 @@ class CudaSessionFences final : public SessionFences {
   absl::Status ForceDone(SlotId slot, uint64_t generation) override {
     return table_.DeclareDone(slot, generation, /*recorded=*/false, source_);
   }
+  absl::Status Failure() const override { return table_.SourceFailure(source_); }
   void ClientGone() override { table_.DropSource(source_); }
   uint64_t source() const { return source_; }
 

@@ -85,16 +85,19 @@ absl::Status EventGenerations::CheckDeclaration(uint32_t slot, uint64_t generati
 }
 
 absl::Status EventGenerations::DeclareDoneRecorded(uint32_t slot, uint64_t generation,
-                                                   uint64_t source) {
+                                                   uint64_t source, int64_t now) {
   RETURN_IF_ERROR(CheckDeclaration(slot, generation));
   Slot& s = slots_[slot];
   s.done_event = std::max(s.done_event, generation);
   auto it = std::lower_bound(s.declared.begin(), s.declared.end(), source,
                              [](const Declared& d, uint64_t v) { return d.source < v; });
   if (it != s.declared.end() && it->source == source) {
-    it->generation = std::max(it->generation, generation);
+    if (generation > it->generation) {
+      it->generation = generation;
+      it->declared_at = now;  // a newer record is what the copy waits for now
+    }
   } else {
-    s.declared.insert(it, Declared{source, generation});
+    s.declared.insert(it, Declared{source, generation, now});
     ++counts_[source];
   }
   return absl::OkStatus();
@@ -123,6 +126,14 @@ std::vector<uint64_t> EventGenerations::WaitSources(uint32_t slot) const {
   std::vector<uint64_t> out;
   if (slot >= slots_.size()) return out;
   for (const Declared& d : slots_[slot].declared) out.push_back(d.source);
+  return out;
+}
+
+std::vector<EventGenerations::SourceWait> EventGenerations::WaitDeclarations(
+    uint32_t slot) const {
+  std::vector<SourceWait> out;
+  if (slot >= slots_.size()) return out;
+  for (const Declared& d : slots_[slot].declared) out.push_back({d.source, d.declared_at});
   return out;
 }
 

@@ -62,8 +62,10 @@ class EventGenerations {
   // The client of `source` declared (on Release) that it recorded the slot's done event after
   // its kernels read `generation`. A declaration at or below the source's current one is ignored
   // (OK); one above ready is FailedPrecondition (nobody can have read what was not granted).
-  // Generation 0 is InvalidArgument.
-  absl::Status DeclareDoneRecorded(uint32_t slot, uint64_t generation, uint64_t source = 0);
+  // Generation 0 is InvalidArgument. `now` (any clock the caller keeps) is when it was declared:
+  // a record still pending long after that is the caller's to give up on (WaitDeclarations).
+  absl::Status DeclareDoneRecorded(uint32_t slot, uint64_t generation, uint64_t source = 0,
+                                   int64_t now = 0);
   // The client of `source` is gone (its session ended, possibly without recording, or its lease
   // was reclaimed): generations up to `generation` need no wait for it, and its declaration for
   // the slot is dropped (its last record may never complete). Same checks as above.
@@ -77,6 +79,12 @@ class EventGenerations {
   WaitAction ForWait(uint32_t slot, uint64_t generation) const;
   // With kWaitDoneEvent: the sources whose done events the copy waits on (ascending).
   std::vector<uint64_t> WaitSources(uint32_t slot) const;
+  // The same, each with the `now` of its latest declaration for the slot.
+  struct SourceWait {
+    uint64_t source = 0;
+    int64_t declared_at = 0;
+  };
+  std::vector<SourceWait> WaitDeclarations(uint32_t slot) const;
   // Declarations held for `source` over all slots (for tests and bookkeeping).
   uint32_t DeclarationsOf(uint64_t source) const;
 
@@ -84,6 +92,7 @@ class EventGenerations {
   struct Declared {
     uint64_t source = 0;
     uint64_t generation = 0;
+    int64_t declared_at = 0;  // when `generation` was declared
   };
   struct Slot {
     uint64_t ready = 0;

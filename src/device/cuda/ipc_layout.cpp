@@ -87,4 +87,13 @@ IpcHandleBytes DoneHandleOf(const FenceExport& e, uint32_t slot) {
   return HandleAt(e.handle.ipc_handle, e.done_offset + uint64_t{slot} * kIpcHandleBytes);
 }
 
+std::string FormatGpuUuid(const std::array<uint8_t, 16>& bytes) {
+  std::string out = "GPU-";
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    absl::StrAppend(&out, absl::Hex(bytes[i], absl::kZeroPad2));
+  }
+  return out;
+}
+
 }  // namespace expertd::cuda

@@ -46,4 +46,8 @@ absl::Status CheckFenceExport(const FenceExport& e);
 IpcHandleBytes ReadyHandleOf(const FenceExport& e, uint32_t slot);
 IpcHandleBytes DoneHandleOf(const FenceExport& e, uint32_t slot);
 
+// A GPU's 16-byte UUID as nvidia-smi prints it: "GPU-" then 8-4-4-4-12 lowercase hex digits.
+// What the daemon sends with a session, so a client resolves its own ordinal of the GPU.
+std::string FormatGpuUuid(const std::array<uint8_t, 16>& bytes);
+
 }  // namespace expertd::cuda

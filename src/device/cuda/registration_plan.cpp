@@ -1,9 +1,11 @@
-// Registration chunking, mode choice and the pinned budget (see registration_plan.h).
+// Registration chunking, mode choice, the pinned budget and the copy stream cap (see
+// registration_plan.h).
 #include "device/cuda/registration_plan.h"
 
 #include <algorithm>
 #include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "device/cuda/cuda_errors.h"
 #include "util/checked.h"
@@ -62,8 +64,9 @@ RegistrationChoice ChooseRegistrationMode(const HostRegisterProbe& probe) {
             "mapped pack ranges are registered read-only (cudaHostRegisterReadOnly)"};
   }
   return {RegistrationMode::kReadWrite,
-          "the device lacks read-only registration: only writable memory can be registered; "
-          "read-only pack mappings go through pinned staging"};
+          "the device lacks read-only registration: only writable memory can be registered, so "
+          "packs are registered through private writable mappings (their pages are copied "
+          "into pinned memory; the files are never written)"};
 }
 
 std::string_view RegistrationModeName(RegistrationMode mode) {
@@ -100,5 +103,19 @@ absl::Status PinnedBudget::Reserve(uint64_t bytes, std::string_view what) {
 }
 
 void PinnedBudget::Release(uint64_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
+
+StreamCap CapCopyStreams(uint32_t requested, std::string_view max_connections) {
+  uint32_t queues = kDefaultDeviceConnections;
+  std::string from = "the default of CUDA_DEVICE_MAX_CONNECTIONS";
+  uint32_t parsed = 0;
+  if (!max_connections.empty() && absl::SimpleAtoi(AV(max_connections), &parsed) && parsed > 0) {
+    queues = std::min<uint32_t>(parsed, 32);  // CUDA's own bound
+    from = absl::StrCat("CUDA_DEVICE_MAX_CONNECTIONS=", AV(max_connections));
+  }
+  if (requested <= queues) return StreamCap{requested, ""};
+  return StreamCap{queues, absl::StrCat("copy streams capped at ", queues, " (", from,
+                                        "; ", requested, " asked for): more streams than "
+                                        "hardware queues would share queues")};
+}
 
 }  // namespace expertd::cuda

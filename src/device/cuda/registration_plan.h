@@ -1,11 +1,12 @@
 // Decisions behind the CUDA device's "direct" staging path (cudaHostRegister of mapped pack
-// ranges, the origin's "direct DAX" path) and its pinned-memory budget. Pure logic, no CUDA
-// header: unit-tested without a GPU (tests/unit/cuda_device_logic_test.cpp).
+// ranges, the origin's "direct DAX" path), its pinned-memory budget and its copy stream count.
+// Pure logic, no CUDA header: unit-tested without a GPU (tests/unit/cuda_device_logic_test.cpp).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -82,5 +83,15 @@ class PinnedBudget {
   const uint64_t limit_;
   std::atomic<uint64_t> used_{0};
 };
+
+// Copy streams beyond the GPU's hardware work queues share queues, so copies on "separate"
+// streams order each other: the count is capped at CUDA_DEVICE_MAX_CONNECTIONS (`max_connections`,
+// its value or empty; CUDA's default is 8, its bound 32). `note` says so when the cap applied.
+inline constexpr uint32_t kDefaultDeviceConnections = 8;
+struct StreamCap {
+  uint32_t streams = 0;
+  std::string note;
+};
+StreamCap CapCopyStreams(uint32_t requested, std::string_view max_connections);
 
 }  // namespace expertd::cuda

@@ -411,6 +411,7 @@ absl::StatusOr<std::unique_ptr<Device>> MakeHostDevice(HostDeviceOptions options
   caps.fences_host_visible = true;
   caps.session_fences = true;
   caps.registers_host_memory = true;
+  caps.registers_read_only_memory = true;
   caps.copy_engines = options.copy_threads;
   caps.max_arena_bytes = options.max_arena_bytes != 0 ? options.max_arena_bytes : PhysicalMemory();
   caps.max_staging_bytes =
