@@ -1,7 +1,12 @@
 // The engine's direct path (EngineOptions::direct_copies) without a GPU: the host device behind
 // a wrapper that registers host memory the way the CUDA device's cudaHostRegister does (within
 // a byte budget), so bundles of mapped packs are copied straight from the pack mapping into the
-// slots, with no read and no staging segment. The bytes are checked against the pack.
+// slots, with no read and no staging segment — or, where the device registers only writable
+// memory, from a private writable mapping of the pack. The bytes are checked against the pack.
+#include <cstdio>
+#include <fstream>
+#include <string>
+
 #include "engine_test_fixture.h"
 
 namespace expertd::testing {
@@ -23,12 +28,33 @@ class RegisteredMemory final : public StagingBuffer {
   uint64_t chunk_;
 };
 
-// The host device, registering host memory up to `budget` bytes in all.
+// Whether every page of `memory` is mapped writable in this process (/proc/self/maps).
+bool Writable(std::span<const uint8_t> memory) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  auto covered = reinterpret_cast<uintptr_t>(memory.data());
+  const uintptr_t end = covered + memory.size();
+  while (covered < end && std::getline(maps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    char perms[8] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %7s", &lo, &hi, perms) != 3) continue;
+    if (hi <= covered || lo > covered) continue;
+    if (perms[1] != 'w') return false;
+    covered = hi;
+  }
+  return covered >= end;
+}
+
+// The host device, registering host memory up to `budget` bytes in all. Without
+// `read_only_ok` it registers only writable memory, as CUDA does where the GPU lacks
+// cudaHostRegisterReadOnly support.
 class RegisteringDevice final : public Device {
  public:
-  RegisteringDevice(std::unique_ptr<Device> inner, uint64_t budget, uint64_t chunk)
+  RegisteringDevice(std::unique_ptr<Device> inner, uint64_t budget, uint64_t chunk,
+                    bool read_only_ok = true)
       : inner_(std::move(inner)), caps_(inner_->caps()), budget_(budget), chunk_(chunk) {
     caps_.registers_host_memory = true;
+    caps_.registers_read_only_memory = read_only_ok;
     caps_.arenas_host_writable = false;  // as on a GPU: no in-place reads into slots
   }
   std::string_view name() const override { return "host+register"; }
@@ -54,10 +80,15 @@ class RegisteringDevice final : public Device {
       return absl::ResourceExhaustedError(absl::StrCat(
           "host registration of ", memory.size(), " bytes exceeds the pinned budget"));
     }
+    if (!caps_.registers_read_only_memory && !Writable(memory)) {
+      return absl::InvalidArgumentError("read-only memory cannot be registered here");
+    }
     used_ += memory.size();
+    registered_.push_back(memory.data());
     return std::make_unique<RegisteredMemory>(memory, chunk_);
   }
   uint64_t used() const { return used_; }
+  const std::vector<const uint8_t*>& registered() const { return registered_; }
 
  private:
   std::unique_ptr<Device> inner_;
@@ -65,13 +96,14 @@ class RegisteringDevice final : public Device {
   uint64_t budget_;
   uint64_t chunk_;
   uint64_t used_ = 0;
+  std::vector<const uint8_t*> registered_;
 };
 
 class EngineDirectTest : public EngineFixture {
  protected:
-  void OpenWith(ReadMethod method, uint64_t budget, uint64_t chunk = 0) {
+  void OpenWith(ReadMethod method, uint64_t budget, uint64_t chunk = 0, bool read_only_ok = true) {
     Open("mixtral-tiny", nullptr, 1, method);
-    auto* d = new RegisteringDevice(std::move(device_), budget, chunk);
+    auto* d = new RegisteringDevice(std::move(device_), budget, chunk, read_only_ok);
     registering_ = d;
     device_.reset(d);
   }
@@ -104,6 +136,29 @@ TEST_F(EngineDirectTest, MappedPacksAreCopiedFromTheirRegisteredMapping) {
   EXPECT_EQ(s.bytes_direct, s.bytes_copied);  // every bundle took the direct path
   EXPECT_EQ(s.bytes_read, 0u);  // the engine read nothing into staging
   EXPECT_GT(s.pool.evictions, 0u);            // slots were overwritten along the way
+}
+
+TEST_F(EngineDirectTest, WithoutReadOnlyRegistrationAPrivateWritableMappingIsRegistered) {
+  OpenWith(ReadMethod::kMmap, uint64_t{1} << 40, 0, /*read_only_ok=*/false);
+  auto engine = MakeEngine(4);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<PackCopyPath> paths = (*engine)->CopyPaths();
+  ASSERT_EQ(paths.size(), packs_->size());
+  for (const PackCopyPath& p : paths) {
+    EXPECT_TRUE(p.direct) << p.pack << ": " << p.detail;
+    EXPECT_NE(p.detail.find("private writable mapping"), std::string::npos) << p.detail;
+  }
+  // Not the pack's own read-only mapping (which this device refuses), but another one.
+  ASSERT_EQ(registering_->registered().size(), packs_->size());
+  for (PackId id = 0; id < packs_->size(); ++id) {
+    EXPECT_NE(registering_->registered()[id], packs_->mapping(id).data());
+  }
+  Sweep(**engine);  // every grant's bytes checked against the pack
+  const EngineStats s = (*engine)->Stats();
+  EXPECT_GT(s.bytes_copied, 0u);
+  EXPECT_EQ(s.bytes_direct, s.bytes_copied);
+  EXPECT_EQ(s.bytes_read, 0u);
+  EXPECT_GT(s.pool.evictions, 0u);
 }
 
 TEST_F(EngineDirectTest, DirectPrefetchesAreQueuedBoundedAndCorrect) {
