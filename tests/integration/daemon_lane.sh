@@ -116,7 +116,11 @@ t1=$(cpu_ticks "$daemon")
 ticks_per_s=$(getconf CLK_TCK)
 used=$(awk -v a="$t0" -v b="$t1" -v hz="$ticks_per_s" 'BEGIN {printf "%.3f", (b - a) / hz}')
 echo "daemon CPU over 10 s with 16 idle lane sessions: $used s"
-awk -v u="$used" 'BEGIN {exit !(u <= 0.05)}' || fail "idle daemon used $used CPU-seconds (limit 0.05)"
+# A lane thread that spun instead of sleeping would use about 10 s here. The sanitizer build may
+# raise the bound (EXPERTD_TEST_IDLE_CPU_S): its runtime does periodic work of its own.
+limit=${EXPERTD_TEST_IDLE_CPU_S:-0.05}
+awk -v u="$used" -v l="$limit" 'BEGIN {exit !(u <= l)}' \
+  || fail "idle daemon used $used CPU-seconds (limit $limit)"
 wait $idler || fail "idle client"
 
 echo "== 5. fairness: a quiet session beside one flooding its lane from 4 threads"
