@@ -287,7 +287,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
   SIM_ENTER();
   if (!ValidDevice(device)) return Fail(cudaErrorInvalidDevice);
   *value = 0;
-  if (attr == cudaDevAttrHostRegisterSupported) *value = 1;
+  if (attr == cudaDevAttrHostRegisterSupported || attr == cudaDevAttrIpcEventSupport ||
+      attr == cudaDevAttrUnifiedAddressing) {
+    *value = 1;  // what an H200 reports
+  }
   if (attr == cudaDevAttrHostRegisterReadOnlySupported) *value = Cfg().read_only_register ? 1 : 0;
   return cudaSuccess;
 }

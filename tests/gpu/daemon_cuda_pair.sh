@@ -94,7 +94,7 @@ echo "== expertctl bench on the CUDA daemon: a real trace, 2 sessions, slots cop
 trace=$root/tests/data/traces/mixtral-8x7b/gsm8k_2_routing.jsonl
 "$ctl" bench --addr "$addr" --trace "$trace" --gguf "$gguf" --sessions 2 --json \
   > "$work/bench.json" || fail "expertctl bench"
-# (no Python here: the bundle's libraries are first on LD_LIBRARY_PATH)
+# (grep, not Python: the GPU machine's python3 is not needed for this)
 field() { grep -o "\"$1\": *[0-9.e+-]*" "$work/bench.json" | head -1 | sed 's/.*: *//'; }
 echo "RESULT expertctl-bench-cuda verified=$(field verified) mismatches=$(field mismatches)" \
   "hit_rate=$(field hit_rate) throughput_bytes_per_s=$(field throughput_bytes_per_s)"
