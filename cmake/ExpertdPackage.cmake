@@ -61,7 +61,8 @@ Includes expertctl, the systemd unit and the default configuration.
 Installing it starts nothing.")
 set(CPACK_DEBIAN_DAEMON_PACKAGE_CONTROL_EXTRA
     "${expertd_deb_dir}/daemon/control/postinst;${expertd_deb_dir}/daemon/control/prerm;${expertd_deb_dir}/daemon/control/postrm;${expertd_deb_dir}/daemon/control/conffiles")
-set(CPACK_DEBIAN_DAEMON_PACKAGE_DEPENDS "adduser | systemd")
+# procps: /bin/kill of the unit's ExecReload (minimal Debian systems lack it).
+set(CPACK_DEBIAN_DAEMON_PACKAGE_DEPENDS "adduser | systemd, procps")
 
 set(CPACK_DEBIAN_SDK_PACKAGE_NAME libexpertd-client-dev)
 set(CPACK_DEBIAN_SDK_PACKAGE_SECTION libdevel)

@@ -67,8 +67,10 @@ absl::Status CheckSocketDirectory(const std::string& dir, uid_t daemon_uid) {
 }
 
 bool PeerAllowed(uint32_t uid, const std::vector<uint32_t>& groups, uint32_t daemon_uid,
-                 const UnixListenerOptions& options) {
+                 uint32_t daemon_gid, const UnixListenerOptions& options) {
   if (uid == daemon_uid) return true;
+  // Members of the daemon's group (expertd under the unit) pass the socket's 0660 already.
+  if (std::find(groups.begin(), groups.end(), daemon_gid) != groups.end()) return true;
   if (std::find(options.allowed_uids.begin(), options.allowed_uids.end(), uid) !=
       options.allowed_uids.end()) {
     return true;
@@ -183,6 +185,7 @@ void UnixListener::Stop() {
 
 void UnixListener::AcceptLoop(const std::function<void(int fd, const Peer& peer)>& serve) {
   const uint32_t daemon_uid = getuid();
+  const uint32_t daemon_gid = getgid();
   for (;;) {
     pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     if (poll(fds, 2, -1) < 0) {
@@ -208,10 +211,10 @@ void UnixListener::AcceptLoop(const std::function<void(int fd, const Peer& peer)
       continue;
     }
     const std::vector<uint32_t> groups = PeerGroups(conn, cred.gid);
-    if (!PeerAllowed(cred.uid, groups, daemon_uid, options_)) {
+    if (!PeerAllowed(cred.uid, groups, daemon_uid, daemon_gid, options_)) {
       spdlog::warn(
-          "unix listener: refused pid {} uid {} gid {}: not the daemon's uid and not in "
-          "listen.allowed_uids / listen.allowed_gids",
+          "unix listener: refused pid {} uid {} gid {}: not the daemon's uid or group and not "
+          "in listen.allowed_uids / listen.allowed_gids",
           cred.pid, cred.uid, cred.gid);
       close(conn);
       refused_.fetch_add(1);

@@ -41,9 +41,9 @@ struct UnixListenerOptions {
 };
 
 // Whether a peer may connect (pure logic, unit-tested): its uid is the daemon's or listed, or
-// one of its groups is listed.
+// one of its groups (primary or supplementary) is the daemon's primary group or listed.
 bool PeerAllowed(uint32_t uid, const std::vector<uint32_t>& groups, uint32_t daemon_uid,
-                 const UnixListenerOptions& options);
+                 uint32_t daemon_gid, const UnixListenerOptions& options);
 
 // The groups of the process at the other end of a connected Unix socket (SO_PEERGROUPS),
 // `primary` first; {primary} when the kernel cannot say.

@@ -439,14 +439,18 @@ TEST_F(SessionsTest, ReconfigureKeepsResidentBundles) {
 
 TEST(PeerAllowedTest, UidsAndGroups) {
   UnixListenerOptions o;
-  EXPECT_TRUE(PeerAllowed(1000, {1000}, 1000, o));
-  EXPECT_FALSE(PeerAllowed(1001, {1001}, 1000, o));
+  EXPECT_TRUE(PeerAllowed(1000, {1000}, 1000, 997, o));
+  EXPECT_FALSE(PeerAllowed(1001, {1001}, 1000, 997, o));
   o.allowed_uids = {1001};
-  EXPECT_TRUE(PeerAllowed(1001, {1001}, 1000, o));
-  EXPECT_FALSE(PeerAllowed(1002, {1002, 44}, 1000, o));
+  EXPECT_TRUE(PeerAllowed(1001, {1001}, 1000, 997, o));
+  EXPECT_FALSE(PeerAllowed(1002, {1002, 44}, 1000, 997, o));
   o.allowed_gids = {44};
-  EXPECT_TRUE(PeerAllowed(1002, {1002, 44}, 1000, o));  // a supplementary group counts
-  EXPECT_FALSE(PeerAllowed(0, {0}, 1000, o));            // root is not special
+  EXPECT_TRUE(PeerAllowed(1002, {1002, 44}, 1000, 997, o));  // a supplementary group counts
+  EXPECT_FALSE(PeerAllowed(0, {0}, 1000, 997, o));            // root is not special
+  // The daemon's own group (a member of group expertd), primary or supplementary.
+  EXPECT_TRUE(PeerAllowed(1003, {1003, 997}, 1000, 997, UnixListenerOptions{}));
+  EXPECT_TRUE(PeerAllowed(1003, {997}, 1000, 997, UnixListenerOptions{}));
+  EXPECT_FALSE(PeerAllowed(1003, {1003, 998}, 1000, 997, UnixListenerOptions{}));
 }
 
 TEST(UnixListenerTest, PeerGroupsComeFromTheConnection) {
