@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -208,6 +209,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeDevices(const DaemonCon
       CudaDeviceOptions co;
       co.ordinal = ordinal;
       co.copy_streams = std::min<uint32_t>(dc.copy_streams, 16);
+      if (const char* c = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS")) co.max_connections = c;
       // A done record pending as long as a lease may be held idle is given up on.
       co.done_record_timeout = absl::FromChrono(config.limits.lease_ttl);
       absl::StatusOr<std::unique_ptr<Device>> device = MakeCudaDeviceIfBuilt(co);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -21,6 +22,9 @@ struct CudaDeviceOptions {
   int ordinal = 0;               // the GPU (cudaSetDevice ordinal); one Device per GPU
   uint32_t copy_streams = 2;     // 1..16: one high-priority demand stream + copy_streams-1 prefetch
                                  // streams (1: everything on one stream, no priorities)
+  // The value of CUDA_DEVICE_MAX_CONNECTIONS the process runs with (the daemon reads it at
+  // start-up), or empty for CUDA's default of 8: copy_streams is capped at it.
+  std::string max_connections;
   uint64_t max_arena_bytes = 0;  // largest arena; 0: the GPU's total memory
   uint64_t max_staging_bytes = 0;   // pinned host budget (staging + registered ranges), in
                                     // total; 0: half the machine's physical memory

@@ -90,9 +90,10 @@ int RunChecks() {
     // More copy streams than CUDA_DEVICE_MAX_CONNECTIONS hardware queues are capped.
     CudaDeviceOptions many;
     many.copy_streams = 16;
+    const char* env = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    if (env != nullptr) many.max_connections = env;
     absl::StatusOr<std::unique_ptr<Device>> capped = MakeCudaDeviceIfBuilt(many);
     if (checks.Ok(capped.status(), "MakeCudaDeviceIfBuilt(copy_streams = 16)")) {
-      const char* env = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
       const uint32_t queues = env == nullptr ? 8 : std::min(16u, static_cast<uint32_t>(std::atoi(env)));
       checks.Expect((*capped)->caps().copy_engines == queues,
                     absl::StrCat("16 copy streams asked for: ", (*capped)->caps().copy_engines,

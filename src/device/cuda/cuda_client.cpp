@@ -7,7 +7,6 @@
 
 #include <array>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -284,10 +283,8 @@ absl::StatusOr<int> ResolveDevice(std::string_view uuid, int requested) {
     ASSIGN_OR_RETURN(const std::string id, DeviceUuid(i));
     if (id == uuid) found = i;
   }
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  const std::string seen = absl::StrCat(
-      count, " GPU(s) visible here, CUDA_VISIBLE_DEVICES ",
-      visible != nullptr ? absl::StrCat("= '", visible, "'") : std::string("unset"));
+  const std::string seen =
+      absl::StrCat(count, " GPU(s) visible here; CUDA_VISIBLE_DEVICES decides which");
   if (found < 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the daemon's GPU ", AV(uuid), " is not visible to this process (", seen,

@@ -5,7 +5,6 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -135,9 +134,7 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const CudaDeviceOptio
   d->registration_ = ChooseRegistrationMode(probe);
   ASSIGN_OR_RETURN(d->uuid_, DeviceUuid(options.ordinal));
   // More streams than the hardware has work queues share queues and order each other's copies.
-  const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  const StreamCap cap = CapCopyStreams(options.copy_streams,
-                                       connections != nullptr ? connections : "");
+  const StreamCap cap = CapCopyStreams(options.copy_streams, options.max_connections);
 
   size_t free_bytes = 0;
   size_t total_bytes = 0;
