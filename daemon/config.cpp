@@ -392,7 +392,8 @@ void ReadRoot(Reader& r, const toml::table& root, DaemonConfig& c) {
       {"slot_memory", r.Into(d.slot_memory, BytesIn(1, kMaxU64))},
       {"staging_memory", r.Into(d.staging_memory, BytesIn(1, kMaxU64))},
       {"copy_streams", r.Into(d.copy_streams, IntIn<uint32_t>(1, 64))},
-      {"direct_copies", r.Into<bool>(d.direct_copies, AsBool)}};
+      {"direct_copies", r.Into<bool>(d.direct_copies, AsBool)},
+      {"cuda_ipc_event_limit", r.Into(d.cuda_ipc_event_limit, IntIn<uint32_t>(2, 1u << 20))}};
   const std::vector<Reader::Field> readers = {
       {"method", r.Into(rd.method, OneOf(kMethods))},
       {"threads_per_group", r.Into(rd.threads_per_group, IntIn<uint32_t>(1, 64))},
@@ -627,6 +628,7 @@ absl::Status ApplyReloadable(const DaemonConfig& fresh, DaemonConfig& live) {
   diff("device.staging_memory", fd.staging_memory, ld.staging_memory);
   diff("device.copy_streams", fd.copy_streams, ld.copy_streams);
   diff("device.direct_copies", fd.direct_copies, ld.direct_copies);
+  diff("device.cuda_ipc_event_limit", fd.cuda_ipc_event_limit, ld.cuda_ipc_event_limit);
   diff("readers.method", fresh.readers.method, live.readers.method);
   diff("readers.threads_per_group", fresh.readers.threads_per_group,
        live.readers.threads_per_group);

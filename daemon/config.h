@@ -107,6 +107,9 @@ struct DeviceConfig {
   uint64_t staging_memory = 64ull << 20;  // bytes of pinned staging ring per device
   uint32_t copy_streams = 2;              // host-to-device copy streams per device, 1..64
   bool direct_copies = true;              // copy from registered pack mappings (readers mmap)
+  // CUDA: IPC events the daemon process may hold (the driver's bound; 2 per slot + 1 per slot
+  // per session), 2..1048576.
+  uint32_t cuda_ipc_event_limit = 4096;
   bool operator==(const DeviceConfig&) const = default;
 };
 

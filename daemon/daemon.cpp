@@ -192,6 +192,34 @@ struct Daemon {
 // The devices to serve from, the default first: one CUDA device per configured ordinal when
 // device.kind asks for CUDA (or is auto and a GPU is usable), else the host device. With auto,
 // a CUDA device that cannot start leaves the daemon on the host device, saying why in one line.
+// Devices whose fence objects are bounded (CUDA: IPC events, a few thousand per process): after
+// a model's tables were made, how many of its sessions fit. None is an error at start-up — the
+// model could be loaded but never used; fewer than limits.max_sessions is logged.
+absl::Status CheckFenceRoom(const std::string& model, const Device& device, uint32_t slots,
+                            const DaemonConfig& config) {
+  const uint32_t limit = device.caps().max_fence_objects;
+  if (limit == 0 || slots == 0) return absl::OkStatus();
+  const uint32_t used = std::min(device.fence_objects_in_use(), limit);
+  const uint32_t room = (limit - used) / slots;
+  const std::string what = absl::StrCat(
+      "model ", model, " on ", AV(device.name()), ": its fence tables hold ", used, " of the ",
+      limit, " IPC events this process may have (two per slot), and each session takes ", slots,
+      " more (one per slot)");
+  if (room == 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": not one session would fit. Lower device.slot_memory (fewer slots) until "
+        "3 x slots is at most ", limit, " (docs/device.md, \"IPC event limit\")"));
+  }
+  if (room < config.limits.max_sessions) {
+    spdlog::warn("{}: room for {} session(s) at once, fewer than limits.max_sessions = {}; more "
+                 "are refused (RESOURCE_EXHAUSTED) until one ends",
+                 what, room, config.limits.max_sessions);
+  } else {
+    spdlog::info("{}: room for {} session(s)", what, room);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeDevices(const DaemonConfig& config,
                                                                  const DeviceProbe& probe) {
   std::vector<std::unique_ptr<Device>> devices;
@@ -209,6 +237,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeDevices(const DaemonCon
       CudaDeviceOptions co;
       co.ordinal = ordinal;
       co.copy_streams = std::min<uint32_t>(dc.copy_streams, 16);
+      co.max_ipc_events = dc.cuda_ipc_event_limit;
       if (const char* c = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS")) co.max_connections = c;
       // A done record pending as long as a lease may be held idle is given up on.
       co.done_record_timeout = absl::FromChrono(config.limits.lease_ttl);
@@ -409,6 +438,9 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
                    c.packs().size(), slots, c.slot_classes().size());
       for (const PackCopyPath& p : (*m)->engine().CopyPaths()) {
         spdlog::info("model {} on {}: pack {}: {}", spec.name, device->name(), p.pack, p.detail);
+      }
+      if (absl::Status room = CheckFenceRoom(spec.name, *device, slots, config); !room.ok()) {
+        return fail(room);
       }
       d.models.push_back(*std::move(m));
     }

@@ -25,6 +25,11 @@ struct CudaDeviceOptions {
   // The value of CUDA_DEVICE_MAX_CONNECTIONS the process runs with (the daemon reads it at
   // start-up), or empty for CUDA's default of 8: copy_streams is capped at it.
   std::string max_connections;
+  // IPC events this process may hold at once (fence tables: 2 per slot; sessions: 1 per slot).
+  // The driver refuses more with cudaErrorMemoryAllocation: 4096 on an NVIDIA H200 with CUDA 13
+  // (tests/gpu/ipc_event_limit). Tables and sessions beyond it are refused up front with
+  // ResourceExhausted; caps().max_fence_objects reports it.
+  uint32_t max_ipc_events = 4096;
   uint64_t max_arena_bytes = 0;  // largest arena; 0: the GPU's total memory
   uint64_t max_staging_bytes = 0;   // pinned host budget (staging + registered ranges), in
                                     // total; 0: half the machine's physical memory

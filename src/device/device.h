@@ -60,6 +60,10 @@ struct Capabilities {
   uint32_t copy_engines = 0;                // copies that can run at once (threads / streams)
   uint64_t max_arena_bytes = 0;             // largest AllocateArena() request accepted
   uint64_t max_staging_bytes = 0;           // largest AllocateStaging() request accepted
+  // Fence objects (one per slot: CreateFences takes 2 per slot, CreateSessionFences 1) this
+  // process may hold at once; 0 = no such bound (host). CUDA: IPC events, which the driver
+  // bounds per process (device/cuda_factory.h, CudaDeviceOptions::max_ipc_events).
+  uint32_t max_fence_objects = 0;
 };
 
 // How another process reaches an exported object. The host device fills `shm_*`; the CUDA
@@ -297,6 +301,9 @@ class Device {
   // One line for the start-up log: choices the backend made that the operator should see (which
   // host registration mode, a capped copy stream count). Empty when there is nothing to say.
   virtual std::string notes() const { return {}; }
+  // How many of caps().max_fence_objects this device's fence tables and session fences hold now
+  // (0 where there is no bound).
+  virtual uint32_t fence_objects_in_use() const { return 0; }
 
   // `bytes` > 0 usable bytes, rounded up (ArenaReservedBytes); the memory starts zeroed.
   // InvalidArgument for 0, ResourceExhausted above caps().max_arena_bytes or when the system has

@@ -7,8 +7,12 @@
 // the simulator copies through a second, private mapping. Streams are worker threads that run
 // their operations in order; events are counters in a process-shared memfd, so IPC events and
 // cudaStreamWaitEvent across processes behave like the real ones, including "an event never
-// recorded counts as complete". IPC memory and event handles name the exporter's pid and fd
-// and are opened through /proc/PID/fd.
+// recorded counts as complete". A process may hold 4096 IPC events (cudaEventInterprocess),
+// as on an H200 with CUDA 13: the next create fails with cudaErrorMemoryAllocation. IPC memory
+// and event handles name the exporter's pid and fd and are opened through /proc/PID/fd. The
+// driver's 64-bit stream memory operations (cuStreamWaitValue64 / cuStreamWriteValue64, through
+// cudaGetDriverEntryPointByVersion) work on registered or pinned host memory and device memory;
+// cudaHostGetDevicePointer returns the host address (unified addressing).
 //
 // Configuration, read once from the environment at the first call:
 //   EXPERTD_CUDASIM_DEVICES=N          devices (default 1; 0 = no device)

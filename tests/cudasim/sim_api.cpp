@@ -260,6 +260,12 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** funcPtr,
   void* f = nullptr;
   if (std::strcmp(symbol, "cuCtxGetCurrent") == 0) f = reinterpret_cast<void*>(&SimCtxGetCurrent);
   if (std::strcmp(symbol, "cuCtxSetCurrent") == 0) f = reinterpret_cast<void*>(&SimCtxSetCurrent);
+  if (std::strcmp(symbol, "cuStreamWaitValue64") == 0) {
+    f = reinterpret_cast<void*>(&expertd::cudasim::StreamWaitValue64);
+  }
+  if (std::strcmp(symbol, "cuStreamWriteValue64") == 0) {
+    f = reinterpret_cast<void*>(&expertd::cudasim::StreamWriteValue64);
+  }
   *funcPtr = f;
   if (driverStatus != nullptr) {
     *driverStatus = f != nullptr ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
@@ -515,6 +521,21 @@ cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
     return Fail(cudaErrorHostMemoryAlreadyRegistered);
   }
   R().host[addr] = HostRange{size, false};
+  return cudaSuccess;
+}
+
+// With unified addressing (every simulated device has it) a registered or pinned host range has
+// the same address on the device.
+cudaError_t cudaHostGetDevicePointer(void** pDevice, void* pHost, unsigned int flags) {
+  SIM_ENTER();
+  if (pDevice == nullptr || flags != 0) return Fail(cudaErrorInvalidValue);
+  const auto a = reinterpret_cast<uintptr_t>(pHost);
+  std::lock_guard lock(R().mu);
+  auto it = R().host.upper_bound(a);
+  if (it == R().host.begin() || a >= std::prev(it)->first + std::prev(it)->second.bytes) {
+    return Fail(cudaErrorInvalidValue);
+  }
+  *pDevice = pHost;
   return cudaSuccess;
 }
 

@@ -2,6 +2,7 @@
 // process. sim_api.cpp maps the CUDA runtime's C functions onto it.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <sys/types.h>
 
@@ -122,6 +123,7 @@ class Runtime {
   std::map<uintptr_t, HostRange> host;          // pinned host ranges by start
   std::map<Stream*, std::shared_ptr<Stream>> streams;
   std::set<Event*> events;
+  uint32_t ipc_events_live = 0;  // created here with cudaEventInterprocess, not destroyed
   std::vector<std::shared_ptr<Stream>> legacy;               // per device, created on first use
   std::vector<uint64_t> device_used;                         // bytes allocated per device
   std::map<std::pair<pid_t, uint64_t>, uintptr_t> imported;  // (exporter, key) -> base
@@ -192,6 +194,12 @@ void NoteContext(int ordinal);
 // when that process or fd is gone.
 int OpenPeerFd(pid_t pid, int fd);
 
+// The driver's stream memory operations (cudaGetDriverEntryPointByVersion hands them out):
+// 64-bit waits (CU_STREAM_WAIT_VALUE_GEQ/EQ/AND/NOR) and writes on a stream, at an address of
+// registered (cudaHostRegister) or pinned host memory, or of device memory.
+CUresult StreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned flags);
+CUresult StreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned flags);
+
 // Polls `done` with a growing pause (1 µs .. 200 µs) until it holds or the context failed.
 void PollUntil(const std::function<bool()>& done);
 // The configured delay of a copy or kernel, plus `extra_ns`.
@@ -212,6 +220,10 @@ static_assert(sizeof(HandleBytes) == 64);
 constexpr char kMemoryMagic[8] = {'X', 'D', 'S', 'I', 'M', 'M', 'E', 'M'};
 constexpr char kEventMagic[8] = {'X', 'D', 'S', 'I', 'M', 'E', 'V', 'T'};
 constexpr uint32_t kPoolEvents = uint32_t{1} << 20;  // 64 MiB of address space, touched lazily
+// IPC events one process may have at once: an NVIDIA H200 with CUDA 13 refuses the 4097th
+// cudaEventCreateWithFlags(cudaEventInterprocess) with cudaErrorMemoryAllocation, whatever other
+// processes hold and however many events this one opened (tests/gpu/ipc_event_limit).
+constexpr uint32_t kIpcEventLimit = 4096;
 constexpr uint64_t kHeaderBytes = 4096;              // before each allocation's bytes
 
 }  // namespace expertd::cudasim

@@ -18,6 +18,7 @@ using expertd::cudasim::Fail;
 using expertd::cudasim::g_sticky;
 using expertd::cudasim::HandleBytes;
 using expertd::cudasim::kEventMagic;
+using expertd::cudasim::kIpcEventLimit;
 using expertd::cudasim::kPoolEvents;
 using expertd::cudasim::OpenPeerFd;
 using expertd::cudasim::R;
@@ -230,6 +231,9 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   }
   const int device = CurrentPhysical();
   std::lock_guard lock(R().mu);
+  if ((flags & cudaEventInterprocess) != 0 && R().ipc_events_live >= kIpcEventLimit) {
+    return Fail(cudaErrorMemoryAllocation);
+  }
   auto* e = new Event();
   e->state = R().NewEventState(&e->index);
   if (e->state == nullptr) {
@@ -238,6 +242,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   }
   e->device = device;
   e->flags = flags;
+  if ((flags & cudaEventInterprocess) != 0) ++R().ipc_events_live;
   R().events.insert(e);
   *event = reinterpret_cast<cudaEvent_t>(e);
   return cudaSuccess;
@@ -253,6 +258,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   std::lock_guard lock(R().mu);
   if (R().events.erase(e) == 0) return Fail(cudaErrorInvalidResourceHandle);
   if (e->imported) R().imported_events.erase(e->origin);
+  if (!e->imported && (e->flags & cudaEventInterprocess) != 0) --R().ipc_events_live;
   // An interprocess event may still be open, or recorded, in other processes, and
   // a pending record still writes its state: such slots are never reused.
   if (!e->imported && (e->flags & cudaEventInterprocess) == 0 && EventComplete(e->state)) {
@@ -391,3 +397,63 @@ cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* event, cudaIpcEventHandle_t hand
   *event = reinterpret_cast<cudaEvent_t>(e);
   return cudaSuccess;
 }
+
+// ---- stream memory operations (driver entry points)
+
+namespace expertd::cudasim {
+namespace {
+
+// The simulator's view of the 8 bytes at `addr`: registered or pinned host memory as it is,
+// device memory through its shadow mapping; null when it is neither, or not 8-byte aligned.
+std::atomic<uint64_t>* WordAt(CUdeviceptr addr) {
+  if (addr % alignof(uint64_t) != 0) return nullptr;
+  const auto a = static_cast<uintptr_t>(addr);
+  std::lock_guard lock(R().mu);
+  auto h = R().host.upper_bound(a);
+  if (h != R().host.begin() && a + 8 <= std::prev(h)->first + std::prev(h)->second.bytes) {
+    return reinterpret_cast<std::atomic<uint64_t>*>(a);  // NOLINT(performance-no-int-to-ptr)
+  }
+  auto d = R().allocations.upper_bound(a);
+  if (d != R().allocations.begin() && a + 8 <= std::prev(d)->first + std::prev(d)->second.bytes) {
+    return reinterpret_cast<std::atomic<uint64_t>*>(std::prev(d)->second.shadow +
+                                                    (a - std::prev(d)->first));
+  }
+  return nullptr;
+}
+
+bool WaitHolds(uint64_t now, uint64_t value, unsigned flags) {
+  switch (flags & 0x3u) {
+    case CU_STREAM_WAIT_VALUE_GEQ:
+      return static_cast<int64_t>(now - value) >= 0;
+    case CU_STREAM_WAIT_VALUE_EQ:
+      return now == value;
+    case CU_STREAM_WAIT_VALUE_AND:
+      return (now & value) != 0;
+    default:  // CU_STREAM_WAIT_VALUE_NOR
+      return ~(now | value) != 0;
+  }
+}
+
+}  // namespace
+
+CUresult StreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned flags) {
+  if (g_sticky.load() != 0) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  std::shared_ptr<Stream> s = R().Resolve(reinterpret_cast<cudaStream_t>(stream));
+  std::atomic<uint64_t>* word = WordAt(addr);
+  if (!s || word == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  R().Enqueue(s, [word, value, flags] {
+    PollUntil([word, value, flags] { return WaitHolds(word->load(), value, flags); });
+  });
+  return CUDA_SUCCESS;
+}
+
+CUresult StreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned) {
+  if (g_sticky.load() != 0) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  std::shared_ptr<Stream> s = R().Resolve(reinterpret_cast<cudaStream_t>(stream));
+  std::atomic<uint64_t>* word = WordAt(addr);
+  if (!s || word == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  R().Enqueue(s, [word, value] { word->store(value, std::memory_order_release); });
+  return CUDA_SUCCESS;
+}
+
+}  // namespace expertd::cudasim

@@ -13,17 +13,24 @@
 // back), ipc_events (export here, open in a second process, a record there seen pending and then
 // complete by cudaEventQuery here), host_register and host_register_read_only (cudaHostRegister
 // of anonymous memory, read-write / PROT_READ with cudaHostRegisterReadOnly, and a copy from it
-// checked), stream_priorities (cudaDeviceGetStreamPriorityRange, a stream of the greatest one).
+// checked), stream_priorities (cudaDeviceGetStreamPriorityRange, a stream of the greatest one),
+// stream_mem_ops (64-bit cuStreamWaitValue64/cuStreamWriteValue64 on a shared memory word that
+// both processes registered: a second process's stream waits until this one's stream writes;
+// the second process then writes a word back, which this process reads on the CPU).
 //
 // Usage: cuda_feature_probe [--require-supported]
 // Exit 0: nothing broken; 3: with --require-supported, something unsupported (nothing broken);
 // 1: something broken; 77: no GPU. The second process is this executable (--child-*), started
 // with fork + exec.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <cudaTypedefs.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -258,6 +265,118 @@ void ProbeIpcEvents(Report& report) {
   (void)cudaEventDestroy(event);
 }
 
+// ---- stream memory operations on a shared, registered host word
+
+struct MemOps {
+  PFN_cuStreamWaitValue64_v11070 wait = nullptr;
+  PFN_cuStreamWriteValue64_v11070 write = nullptr;
+  std::string error;
+};
+
+MemOps LoadMemOps() {
+  MemOps m;
+  cudaDriverEntryPointQueryResult q1{}, q2{};
+  const cudaError_t e1 = cudaGetDriverEntryPointByVersion(
+      "cuStreamWaitValue64", reinterpret_cast<void**>(&m.wait), 11070, cudaEnableDefault, &q1);
+  const cudaError_t e2 = cudaGetDriverEntryPointByVersion(
+      "cuStreamWriteValue64", reinterpret_cast<void**>(&m.write), 11070, cudaEnableDefault, &q2);
+  if (e1 != cudaSuccess || e2 != cudaSuccess || q1 != cudaDriverEntryPointSuccess ||
+      q2 != cudaDriverEntryPointSuccess || m.wait == nullptr || m.write == nullptr) {
+    m.error = absl::StrCat("the driver has no cuStreamWaitValue64/cuStreamWriteValue64 (",
+                           cudaGetErrorName(e1), ", ", cudaGetErrorName(e2), ")");
+    m.wait = nullptr;
+    m.write = nullptr;
+  }
+  return m;
+}
+
+constexpr size_t kWordBytes = 4096;
+
+// Maps and registers the shared memory of `fd`; the device address of its first byte.
+std::string MapWords(int fd, volatile uint64_t** host, CUdeviceptr* dev) {
+  void* p = ::mmap(nullptr, kWordBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return "mmap of the shared words failed";
+  if (const cudaError_t e =
+          cudaHostRegister(p, kWordBytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+      e != cudaSuccess) {
+    return absl::StrCat("ERR ", static_cast<int>(e), " ", Describe("cudaHostRegister(shared)", e));
+  }
+  void* d = nullptr;
+  if (const cudaError_t e = cudaHostGetDevicePointer(&d, p, 0); e != cudaSuccess) {
+    return absl::StrCat("ERR ", static_cast<int>(e), " ", Describe("cudaHostGetDevicePointer", e));
+  }
+  *host = static_cast<volatile uint64_t*>(p);
+  *dev = reinterpret_cast<CUdeviceptr>(d);
+  return "";
+}
+
+void ProbeStreamMemOps(Report& report) {
+  const char* kName = "stream_mem_ops";
+  const MemOps ops = LoadMemOps();
+  if (ops.wait == nullptr) {
+    report.Feature(kName, Verdict::kUnsupported, ops.error);
+    return;
+  }
+  const int fd = ::memfd_create("expertd-probe-words", 0);
+  if (fd < 0 || ::ftruncate(fd, kWordBytes) != 0) {
+    report.Feature(kName, Verdict::kBroken, "memfd_create/ftruncate failed");
+    return;
+  }
+  volatile uint64_t* words = nullptr;
+  CUdeviceptr dev = 0;
+  if (std::string err = MapWords(fd, &words, &dev); !err.empty()) {
+    report.Feature(kName, Verdict::kUnsupported, err);
+    ::close(fd);
+    return;
+  }
+  cudaStream_t stream = nullptr;
+  (void)cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  // words[0]: this process's stream writes 1; the second process's stream waits for it, then
+  // writes words[1] = 1.
+  ChildRun run({"--child-memops", absl::StrCat("/proc/", ::getpid(), "/fd/", fd)});
+  std::string line;
+  Verdict verdict = Verdict::kBroken;
+  std::string detail;
+  if (!run.Line(std::chrono::seconds(30), &line)) {
+    detail = absl::StrCat("the second process did not answer within 30 s ", run.error);
+  } else if (ChildErrorCode(line) >= 0) {
+    verdict = IsUnsupportedCode(ChildErrorCode(line)) ? Verdict::kUnsupported : Verdict::kBroken;
+    detail = absl::StrCat("second process: ", line.substr(4));
+  } else if (line != "QUEUED") {
+    detail = absl::StrCat("second process: ", line);
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (words[1] != 0) {
+      detail = "the second process's stream went past its wait before the word was written";
+    } else {
+      const auto t0 = Clock::now();
+      const CUresult r = ops.write(reinterpret_cast<CUstream>(stream), dev, 1, 0);
+      while (r == CUDA_SUCCESS && words[1] != 1 && Clock::now() - t0 < std::chrono::seconds(10)) {
+        std::atomic_thread_fence(std::memory_order_acquire);
+      }
+      const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+      if (r != CUDA_SUCCESS) {
+        verdict = Verdict::kUnsupported;
+        detail = absl::StrCat("cuStreamWriteValue64 here: CUresult ", static_cast<int>(r));
+      } else if (words[1] != 1) {
+        detail = "the second process's stream never passed its wait (10 s)";
+      } else if (!run.Line(std::chrono::seconds(10), &line) || line != "DONE") {
+        detail = absl::StrCat("second process after the write: ", line);
+      } else {
+        verdict = Verdict::kSupported;
+        detail = absl::StrCat(
+            "a wait in a second process held 50 ms, then passed; its write back seen here ",
+            static_cast<int64_t>(us), " us after this stream's write");
+      }
+    }
+  }
+  report.Feature(kName, verdict, detail);
+  (void)cudaStreamDestroy(stream);
+  (void)cudaHostUnregister(const_cast<uint64_t*>(words));
+  ::munmap(const_cast<uint64_t*>(words), kWordBytes);
+  ::close(fd);
+}
+
 // cudaHostRegister of `bytes` of anonymous memory (PROT_READ only when `read_only`), then a copy
 // from it to the GPU and back, compared.
 void ProbeHostRegister(Report& report, bool read_only) {
@@ -418,6 +537,35 @@ int ChildEvent(const std::string& hex) {
   return ChildAnswer("DONE");
 }
 
+int ChildMemOps(const std::string& path) {
+  const MemOps ops = LoadMemOps();
+  if (ops.wait == nullptr) return ChildAnswer(absl::StrCat("NOOPS ", ops.error));
+  if (const cudaError_t e = cudaSetDevice(0); e != cudaSuccess)
+    return ChildError("cudaSetDevice", e);
+  const int fd = ::open(path.c_str(), O_RDWR);
+  if (fd < 0) return ChildAnswer(absl::StrCat("cannot open ", path));
+  volatile uint64_t* words = nullptr;
+  CUdeviceptr dev = 0;
+  if (std::string err = MapWords(fd, &words, &dev); !err.empty()) return ChildAnswer(err);
+  cudaStream_t stream = nullptr;
+  if (const cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      e != cudaSuccess) {
+    return ChildError("cudaStreamCreateWithFlags", e);
+  }
+  const auto s = reinterpret_cast<CUstream>(stream);
+  if (CUresult r = ops.wait(s, dev, 1, CU_STREAM_WAIT_VALUE_GEQ); r != CUDA_SUCCESS) {
+    return ChildAnswer(absl::StrCat("cuStreamWaitValue64: CUresult ", static_cast<int>(r)));
+  }
+  if (CUresult r = ops.write(s, dev + sizeof(uint64_t), 1, 0); r != CUDA_SUCCESS) {
+    return ChildAnswer(absl::StrCat("cuStreamWriteValue64: CUresult ", static_cast<int>(r)));
+  }
+  ChildAnswer("QUEUED");
+  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
+    return ChildError("cudaStreamSynchronize", e);
+  }
+  return ChildAnswer("DONE");
+}
+
 int Run(bool require_supported) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
@@ -445,6 +593,7 @@ int Run(bool require_supported) {
   ProbeHostRegister(report, /*read_only=*/false);
   ProbeHostRegister(report, /*read_only=*/true);
   ProbeStreamPriorities(report);
+  ProbeStreamMemOps(report);
   std::printf("cuda_feature_probe: %d supported, %d unsupported, %d broken\n", report.supported,
               report.unsupported, report.broken);
   if (report.broken > 0) return 1;
@@ -461,6 +610,7 @@ int main(int argc, char** argv) {
     return expertd::ChildMemory(argv[2], std::strtoull(argv[3], nullptr, 10));
   }
   if (mode == "--child-event" && argc == 3) return expertd::ChildEvent(argv[2]);
+  if (mode == "--child-memops" && argc == 3) return expertd::ChildMemOps(argv[2]);
   if (argc > 2 || (argc == 2 && mode != "--require-supported")) {
     std::fprintf(stderr, "usage: cuda_feature_probe [--require-supported]\n");
     return 2;

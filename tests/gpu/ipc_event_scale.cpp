@@ -19,7 +19,11 @@
 // while the child's records are pending (the device sees them through cudaEventQuery) and
 // finish once the child's stream goes on, with the new bytes in the arena.
 //
-// Usage: ipc_event_scale [--slots N] [--sessions S] [--records K]   (4096, 4, 8)
+// First, a table beyond the process's IPC event bound (caps().max_fence_objects: 4096, what the
+// driver allows on an H200 with CUDA 13) must be refused up front with ResourceExhausted and
+// leave nothing behind. The default size fills the bound exactly: 1024 slots x (2 + 2).
+//
+// Usage: ipc_event_scale [--slots N] [--sessions S] [--records K]   (1024, 2, 8)
 // Exits 77 without a GPU or the CUDA backend.
 #include <cuda_runtime_api.h>
 #include <signal.h>
@@ -37,6 +41,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "device/cuda_factory.h"
 #include "device/device.h"
 #include "gpu_test_util.h"
@@ -60,8 +65,8 @@ double UsSince(Clock::time_point t0) {
 }
 
 struct Options {
-  uint32_t slots = 4096;
-  uint32_t sessions = 4;
+  uint32_t slots = 1024;
+  uint32_t sessions = 2;
   uint32_t records = 8;
 };
 
@@ -196,6 +201,21 @@ int Run(const Options& o) {
   const uint64_t events = uint64_t{o.slots} * (2 + o.sessions);
   std::printf("%s: %u slots, %u sessions: %" PRIu64 " IPC events\n",
               std::string(device->name()).c_str(), o.slots, o.sessions, events);
+
+  // Beyond the process's bound: refused up front, naming it, with nothing kept.
+  const uint32_t limit = device->caps().max_fence_objects;
+  d.checks.Expect(limit > 0, "the CUDA device reports its IPC event bound (max_fence_objects)");
+  if (limit > 0) {
+    auto too_many = device->CreateFences(limit / 2 + 1);
+    d.checks.Expect(too_many.status().code() == absl::StatusCode::kResourceExhausted &&
+                        absl::StrContains(too_many.status().message(), "IPC events"),
+                    absl::StrCat("a table of ", limit / 2 + 1, " slots (", limit + 2,
+                                 " IPC events) refused with ResourceExhausted naming IPC "
+                                 "events, got: ", too_many.status().ToString()));
+    d.checks.Expect(device->fence_objects_in_use() == 0,
+                    absl::StrCat("no IPC event kept after the refusal: ",
+                                 device->fence_objects_in_use()));
+  }
 
   // Create: the table (ready + done per slot), then each session's done events.
   const Clock::time_point t_create = Clock::now();
@@ -372,7 +392,7 @@ int main(int argc, char** argv) {
         !expertd::ParseFlag(argc, argv, &i, "--records", &o.records)) {
       std::fprintf(stderr,
                    "usage: ipc_event_scale [--slots N] [--sessions S] [--records K]"
-                   "   (1..65536 each; defaults 4096, 4, 8)\n");
+                   "   (1..65536 each; defaults 1024, 2, 8)\n");
       return 2;
     }
   }

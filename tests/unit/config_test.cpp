@@ -113,7 +113,8 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& AllKeys() {
        {"unix_socket", "socket_mode", "directory_mode", "allowed_uids", "allowed_gids", "tcp",
         "tcp_token_file", "tcp_allow_unauthenticated"}},
       {"device",
-       {"kind", "cuda_devices", "slot_memory", "staging_memory", "copy_streams", "direct_copies"}},
+       {"kind", "cuda_devices", "slot_memory", "staging_memory", "copy_streams", "direct_copies",
+        "cuda_ipc_event_limit"}},
       {"readers", {"method", "threads_per_group", "max_eio_retries"}},
       {"cache", {"policy"}},
       {"predictor", {"kind", "lookahead", "max_experts", "history_tokens"}},
@@ -231,6 +232,8 @@ TEST(ConfigErrors, EnumValuesListTheChoices) {
 TEST(ConfigErrors, RangesNameTheKeyAndTheLimits) {
   EXPECT_TRUE(Bad("[device]\ncopy_streams = 0\n",
                   {"device.copy_streams: expected an integer in 1..64, got 0"}));
+  EXPECT_TRUE(Bad("[device]\ncuda_ipc_event_limit = 1\n",
+                  {"device.cuda_ipc_event_limit", "2..1048576, got 1"}));
   EXPECT_TRUE(
       Bad("[readers]\nthreads_per_group = 65\n", {"readers.threads_per_group", "1..64, got 65"}));
   EXPECT_TRUE(Bad("[readers]\nmax_eio_retries = -1\n", {"readers.max_eio_retries", "got -1"}));
@@ -565,6 +568,7 @@ TEST(ConfigReload, EveryOtherKeyNeedsARestartAndIsNamed) {
       {"device.slot_memory", "[device]\nslot_memory = \"2GiB\""},
       {"device.staging_memory", "[device]\nstaging_memory = \"1MiB\""},
       {"device.copy_streams", "[device]\ncopy_streams = 3"},
+      {"device.cuda_ipc_event_limit", "[device]\ncuda_ipc_event_limit = 100"},
       {"readers.method", "[readers]\nmethod = \"mmap\""},
       {"readers.threads_per_group", "[readers]\nthreads_per_group = 3"},
       {"readers.max_eio_retries", "[readers]\nmax_eio_retries = 0"},

@@ -42,6 +42,7 @@ absl::Status CheckOptions(const CudaDeviceOptions& o) {
     bad = absl::StrCat("register_chunk_bytes ", o.register_chunk_bytes,
                        " is not a positive multiple of the page size ", PageBytes());
   }
+  if (o.max_ipc_events == 0) bad = "max_ipc_events 0 (at least one fence table needs 2)";
   if (o.completion_poll_interval <= absl::ZeroDuration() ||
       o.shutdown_timeout < absl::ZeroDuration() || o.done_record_timeout <= absl::ZeroDuration()) {
     bad = "completion_poll_interval and done_record_timeout must be > 0, shutdown_timeout >= 0";
@@ -59,6 +60,7 @@ class CudaDevice final : public Device {
   const Capabilities& caps() const override { return caps_; }
   std::string hardware_id() const override { return uuid_; }
   std::string notes() const override { return notes_; }
+  uint32_t fence_objects_in_use() const override { return ctx_->ipc_events.in_use(); }
   absl::Status Health() const override { return ctx_->latch.Get(); }
 
   absl::StatusOr<std::unique_ptr<Arena>> AllocateArena(uint64_t bytes,
@@ -117,7 +119,8 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const CudaDeviceOptio
   std::unique_ptr<CudaDevice> d(new CudaDevice());
   const uint64_t pinned_limit =
       options.max_staging_bytes != 0 ? options.max_staging_bytes : PhysicalMemory() / 2;
-  d->ctx_ = std::make_unique<DeviceContext>(options.ordinal, pinned_limit);
+  d->ctx_ = std::make_unique<DeviceContext>(options.ordinal, pinned_limit,
+                                            ProcessIpcEventBudget(options.max_ipc_events));
   DeviceContext& ctx = *d->ctx_;
   RETURN_IF_ERROR(Annotate(ctx.Use(), absl::StrCat("cuda device ", options.ordinal)));
 
@@ -159,6 +162,7 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const CudaDeviceOptio
   c.copy_engines = cap.streams;
   c.max_arena_bytes = options.max_arena_bytes != 0 ? options.max_arena_bytes : total_bytes;
   c.max_staging_bytes = pinned_limit;
+  c.max_fence_objects = ctx.ipc_events.limit();
   d->name_ = absl::StrCat("cuda:", options.ordinal);
   d->notes_ = absl::StrCat(d->uuid_, "; ", d->registration_.reason,
                            cap.note.empty() ? "" : "; ", cap.note);

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -61,18 +62,48 @@ bool CudaRegisteredStaging::OneRegion(std::span<const uint8_t> range) const {
   return false;
 }
 
-absl::StatusOr<std::vector<EventOwner>> CreateIpcEvents(DeviceContext* ctx, uint32_t n,
-                                                        std::string_view what) {
+absl::StatusOr<IpcEventBudget::Reservation> IpcEventBudget::Reserve(uint32_t n,
+                                                                    std::string_view what) {
+  std::lock_guard lock(mu_);
+  if (n > limit_ - in_use_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        AV(what), ": ", n, " IPC events needed (one per slot), but ", in_use_, " of the ",
+        limit_, " this process may have are in use (the CUDA driver refuses more: 4096 on an "
+        "H200 with CUDA 13). A slot class of N slots takes 2N for its table and N per session: "
+        "fewer slots, or fewer sessions at once"));
+  }
+  in_use_ += n;
+  return Reservation(this, n);
+}
+
+IpcEventBudget& ProcessIpcEventBudget(uint32_t limit) {
+  static auto* budget = new IpcEventBudget(limit);  // never destroyed: objects may outlive main
+  return *budget;
+}
+
+uint32_t IpcEventBudget::in_use() const {
+  std::lock_guard lock(mu_);
+  return in_use_;
+}
+
+void IpcEventBudget::Give(uint32_t n) {
+  std::lock_guard lock(mu_);
+  in_use_ -= std::min(n, in_use_);
+}
+
+absl::StatusOr<IpcEventSet> CreateIpcEvents(DeviceContext* ctx, uint32_t n,
+                                            std::string_view what) {
+  IpcEventSet set;
+  ASSIGN_OR_RETURN(set.reservation, ctx->ipc_events.Reserve(n, what));
   RETURN_IF_ERROR(ctx->Use());
   constexpr unsigned kFlags = cudaEventInterprocess | cudaEventDisableTiming;
-  std::vector<EventOwner> events;
-  events.reserve(n);
+  set.events.reserve(n);
   for (uint32_t i = 0; i < n; ++i) {
     absl::StatusOr<EventOwner> e = CreateEvent(ctx->latch, kFlags);
     if (!e.ok()) return Annotate(e.status(), absl::StrCat(AV(what), " event of slot ", i));
-    events.push_back(*std::move(e));
+    set.events.push_back(*std::move(e));
   }
-  return events;
+  return set;
 }
 
 namespace {
@@ -97,9 +128,13 @@ absl::StatusOr<std::unique_ptr<CudaFenceTable>> CudaFenceTable::Create(
     return InvalidError(ErrorKind::kBadValue, absl::StrCat("fence table of ", n_slots,
                                                            " slots (1..", kMaxCudaFenceSlots, ")"));
   }
-  ASSIGN_OR_RETURN(std::vector<EventOwner> ready, CreateIpcEvents(ctx, n_slots, "ready"));
-  auto done = std::make_shared<DoneEventSet>();
-  ASSIGN_OR_RETURN(done->events, CreateIpcEvents(ctx, n_slots, "done"));
+  ASSIGN_OR_RETURN(IpcEventSet ready,
+                   CreateIpcEvents(ctx, n_slots, absl::StrCat("fence table of ", n_slots,
+                                                              " slots: ready events")));
+  ASSIGN_OR_RETURN(IpcEventSet table_done,
+                   CreateIpcEvents(ctx, n_slots, absl::StrCat("fence table of ", n_slots,
+                                                              " slots: done events")));
+  auto done = std::make_shared<DoneEventSet>(std::move(table_done));
   return std::unique_ptr<CudaFenceTable>(
       new CudaFenceTable(ctx, n_slots, std::move(ready), std::move(done), std::move(on_declared)));
 }
@@ -272,8 +307,11 @@ absl::StatusOr<FenceExport> CudaFenceTable::Export() const {
 
 absl::StatusOr<std::unique_ptr<CudaSessionFences>> CudaSessionFences::Create(
     DeviceContext* ctx, CudaFenceTable& table) {
-  auto events = std::make_shared<DoneEventSet>();
-  ASSIGN_OR_RETURN(events->events, CreateIpcEvents(ctx, table.size(), "session done"));
+  ASSIGN_OR_RETURN(IpcEventSet made,
+                   CreateIpcEvents(ctx, table.size(),
+                                   absl::StrCat("a session's done events (", table.size(),
+                                                " slots)")));
+  auto events = std::make_shared<DoneEventSet>(std::move(made));
   const uint64_t source = table.AddSource(events);
   return std::unique_ptr<CudaSessionFences>(
       new CudaSessionFences(ctx, table, std::move(events), source));

@@ -26,11 +26,62 @@
 
 namespace expertd::cuda {
 
+// The IPC events (cudaEventInterprocess) this device's objects hold, against the most a process
+// may have: the driver refuses more with cudaErrorMemoryAllocation, at 4096 on an NVIDIA H200
+// with CUDA 13 whatever other processes hold or how many events this one opened
+// (tests/gpu/ipc_event_limit). Reserved before any event is made, so that a fence table or a
+// session that would not fit is refused with a message that says why. One per process (the
+// bound was measured per process; every GPU's device shares it: ProcessIpcEventBudget).
+// Thread-safe.
+class IpcEventBudget {
+ public:
+  explicit IpcEventBudget(uint32_t limit) : limit_(limit) {}
+  IpcEventBudget(const IpcEventBudget&) = delete;
+  IpcEventBudget& operator=(const IpcEventBudget&) = delete;
+
+  // Gives its events back to the budget when destroyed.
+  class Reservation {
+   public:
+    Reservation() = default;
+    Reservation(Reservation&& o) noexcept
+        : budget_(std::exchange(o.budget_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+    Reservation& operator=(Reservation&& o) noexcept {
+      std::swap(budget_, o.budget_);
+      std::swap(n_, o.n_);
+      return *this;
+    }
+    ~Reservation() {
+      if (budget_ != nullptr) budget_->Give(n_);
+    }
+
+   private:
+    friend class IpcEventBudget;
+    Reservation(IpcEventBudget* budget, uint32_t n) : budget_(budget), n_(n) {}
+    IpcEventBudget* budget_ = nullptr;
+    uint32_t n_ = 0;
+  };
+
+  // `n` more events for `what`: ResourceExhausted when they would not fit, naming the numbers.
+  absl::StatusOr<Reservation> Reserve(uint32_t n, std::string_view what);
+  uint32_t limit() const { return limit_; }
+  uint32_t in_use() const;
+
+ private:
+  void Give(uint32_t n);
+  const uint32_t limit_;
+  mutable std::mutex mu_;
+  uint32_t in_use_ = 0;
+};
+
+// The process's budget; its limit is the one the first caller asked for (later ones share it).
+IpcEventBudget& ProcessIpcEventBudget(uint32_t limit);
+
 // What a device shares with the objects it made: its GPU, its first sticky error, its pinned
-// budget. Owned by the device; objects hold a pointer (they die before the device).
+// budget, the process's IPC event budget. Owned by the device; objects hold a pointer (they die
+// before the device).
 struct DeviceContext {
-  DeviceContext(int ordinal_in, uint64_t pinned_limit)
-      : ordinal(ordinal_in), pinned(pinned_limit) {}
+  DeviceContext(int ordinal_in, uint64_t pinned_limit, IpcEventBudget& ipc_event_budget)
+      : ordinal(ordinal_in), pinned(pinned_limit), ipc_events(ipc_event_budget) {}
   // Makes the device current on the calling thread (each thread has its own current device).
   absl::Status Use() {
     EXPERTD_CUDA_RETURN_IF_ERROR(latch, cudaSetDevice(ordinal));
@@ -39,6 +90,7 @@ struct DeviceContext {
   const int ordinal;
   StickyErrorLatch latch;
   PinnedBudget pinned;
+  IpcEventBudget& ipc_events;
 };
 
 // ---- Owners. Destructors cannot report: a failure there is either harmless or sticky, and a
@@ -150,16 +202,20 @@ class CudaRegisteredStaging final : public StagingBuffer {
   uint64_t pinned_bytes_;
 };
 
-// One source's done events (the table's own, or one session's): one IPC event per slot
-// (cudaEventInterprocess | cudaEventDisableTiming). Shared: a copy about to wait on them keeps
+// IPC events, one per slot (cudaEventInterprocess | cudaEventDisableTiming), with their share of
+// the device's IPC event budget (given back after the events are destroyed). A source's done
+// events (the table's own, or one session's) are shared: a copy about to wait on them keeps
 // them alive even when the session ends meanwhile.
-struct DoneEventSet {
+struct IpcEventSet {
+  IpcEventBudget::Reservation reservation;  // first: destroyed last
   std::vector<EventOwner> events;
 };
+using DoneEventSet = IpcEventSet;
 
-// Creates `n` IPC events; errors name `what` and the slot.
-absl::StatusOr<std::vector<EventOwner>> CreateIpcEvents(DeviceContext* ctx, uint32_t n,
-                                                        std::string_view what);
+// Reserves `n` events of the device's budget, then creates them; errors name `what` and the
+// slot.
+absl::StatusOr<IpcEventSet> CreateIpcEvents(DeviceContext* ctx, uint32_t n,
+                                            std::string_view what);
 
 // Per slot an IPC ready event, and done events per source (event_generations.h: source 0 is the
 // table's own set, what Export() hands out; sessions add theirs with AddSource), with their
@@ -223,11 +279,12 @@ class CudaFenceTable final : public FenceTable {
     bool detached = false;
     absl::Status failure;  // AbandonSource
   };
-  CudaFenceTable(DeviceContext* ctx, uint32_t n_slots, std::vector<EventOwner> ready,
+  CudaFenceTable(DeviceContext* ctx, uint32_t n_slots, IpcEventSet ready,
                  std::shared_ptr<const DoneEventSet> done, std::function<void()> on_declared)
       : FenceTable(n_slots),
         ctx_(ctx),
-        ready_(std::move(ready)),
+        ready_reservation_(std::move(ready.reservation)),
+        ready_(std::move(ready.events)),
         on_declared_(std::move(on_declared)),
         gens_(n_slots) {
     sources_[0].events = std::move(done);
@@ -235,6 +292,7 @@ class CudaFenceTable final : public FenceTable {
   void ForgetDetachedLocked();
 
   DeviceContext* ctx_;
+  IpcEventBudget::Reservation ready_reservation_;  // before ready_: given back after
   const std::vector<EventOwner> ready_;
   const std::function<void()> on_declared_;
   mutable std::mutex mu_;
