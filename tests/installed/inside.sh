@@ -1,6 +1,7 @@
 #!/bin/sh
 # Runs inside the booted Debian root of scripts/test-installed, as a oneshot unit after
-# multi-user.target: checks the installed expertd package under its real systemd unit, writes
+# multi-user.target: checks the installed expertd package under its real systemd unit and the
+# installed SDK (a program built against it with pkg-config and with find_package), writes
 # one line per check to /root/installed-result.txt (PASS/FAIL/INFO), then powers the machine off.
 out=/root/installed-result.txt
 : > $out
@@ -65,5 +66,16 @@ else
   say "PASS hardening_applied"
 fi
 systemctl stop expertd
+
+# The SDK as an engine finds it: the C API's test program built against the installed
+# libexpertd-client-dev only, run against the installed expertd (--daemon starts its demo).
+sdk=/root/sdk
+check sdk_pkgconfig sh -c "cc -std=c99 -Wall -DEXPERTD_SOURCE_DIR='\"$sdk\"' \
+  $sdk/tests/unit/client_c_api_test.c \$(pkg-config --cflags --libs expertd-client) \
+  -o /root/c_test_pkgconfig && /root/c_test_pkgconfig --daemon /usr/bin/expertd"
+check sdk_find_package sh -c "cmake -S $sdk/tests/install -B /root/consumer \
+  -DEXPERTD_C_TEST_SOURCE=$sdk/tests/unit/client_c_api_test.c -DEXPERTD_SOURCE_DIR=$sdk && \
+  cmake --build /root/consumer && /root/consumer/sdk_c_test --daemon /usr/bin/expertd"
+say "INFO sdk: $(pkg-config --modversion expertd-client 2>&1), $(tail -1 /root/installed-detail.txt)"
 say "DONE"
 systemctl poweroff
