@@ -18,118 +18,21 @@
 #include "device/host/host_device.h"
 #include "expertd/v1/service.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "client_handles.h"
 #include "lane/lane.h"
 
 namespace expertd::client {
 namespace {
 
-absl::Status FromGrpc(const grpc::Status& s, std::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(absl::string_view(what.data(), what.size()), ": ",
-                                   s.error_message()));
-}
+using internal::ArenaCache;
+using internal::ClientLane;
+using internal::FromGrpc;
+using internal::MapLane;
+using internal::SlotClassView;
+using internal::ToArenaExport;
+using internal::ToFenceExport;
+using internal::ToHandle;
 
-// `passed`: the descriptors the handle socket sent this session (SharedMemory.passed).
-SharedHandle ToHandle(const v1::SharedMemory& m, const PassedDescriptors& passed) {
-  SharedHandle h;
-  h.passed_fd = passed.ForPassed(m.passed());
-  h.kind = m.cuda_ipc_handle().empty() ? SharedHandle::Kind::kHostShm : SharedHandle::Kind::kCudaIpc;
-  h.shm_name = m.shm_name();
-  h.fd = m.fd();
-  h.owner_pid = m.owner_pid();
-  h.dev = m.dev();
-  h.inode = m.inode();
-  h.ipc_handle = m.cuda_ipc_handle();
-  return h;
-}
-
-ArenaExport ToArenaExport(const v1::ArenaHandle& a, const PassedDescriptors& passed) {
-  ArenaExport ex;
-  ex.handle = ToHandle(a.memory(), passed);
-  ex.bytes = a.bytes();
-  ex.reserved_bytes = a.reserved_bytes();
-  ex.label = a.label();
-  return ex;
-}
-
-FenceExport ToFenceExport(const v1::FenceTableHandle& f, const PassedDescriptors& passed) {
-  FenceExport fx;
-  fx.handle = ToHandle(f.memory(), passed);
-  fx.n_slots = f.n_slots();
-  fx.segment_bytes = f.segment_bytes();
-  fx.done_offset = f.done_offset();
-  if (f.has_session_done()) fx.session_done = ToHandle(f.session_done(), passed);
-  return fx;
-}
-
-// Arenas mapped by this process, shared by all its sessions: an engine with several sessions on
-// one model maps each arena once. Keyed by the object's identity; entries die with their last
-// session.
-class ArenaCache {
- public:
-  static ArenaCache& Get() {
-    static ArenaCache* cache = new ArenaCache();  // never destroyed: sessions may outlive main
-    return *cache;
-  }
-  absl::StatusOr<std::shared_ptr<MappedArena>> Map(const v1::ArenaHandle& h,
-                                                    const PassedDescriptors& passed) {
-    const auto key = std::make_tuple(h.memory().dev(), h.memory().inode(), h.memory().owner_pid());
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = arenas_.find(key); it != arenas_.end()) {
-      if (std::shared_ptr<MappedArena> live = it->second.lock()) return live;
-    }
-    absl::StatusOr<MappedArena> mapped = MapArena(ToArenaExport(h, passed));
-    if (!mapped.ok()) return mapped.status();
-    auto shared = std::make_shared<MappedArena>(*std::move(mapped));
-    arenas_[key] = shared;
-    return shared;
-  }
-
- private:
-  std::mutex mu_;
-  std::map<std::tuple<uint64_t, uint64_t, int64_t>, std::weak_ptr<MappedArena>> arenas_;
-};
-
-// One slot class as this process reaches it: host mappings, or CUDA IPC views and events.
-struct SlotClassView {
-  std::vector<std::shared_ptr<MappedArena>> arenas;                // host
-  std::vector<std::shared_ptr<const CudaArenaView>> cuda_arenas;   // CUDA
-  std::vector<uint64_t> strides;
-  std::unique_ptr<MappedFences> fences;        // host
-  std::shared_ptr<CudaSessionEvents> events;   // CUDA: this session's ready/done events
-};
-
-
-// This process's end of a session's request lane (src/lane/lane.h). Writers take write_mu;
-// one thread at a time reads answers (read_mu), handing other threads' answers to them.
-struct ClientLane {
-  ShmMapping map;
-  lane::LaneClientEnd end;
-  std::mutex write_mu;
-  std::vector<uint8_t> record;  // guarded by write_mu
-  std::mutex read_mu;
-};
-
-absl::StatusOr<std::unique_ptr<ClientLane>> MapLane(const v1::LaneHandle& h,
-                                                    const PassedDescriptors& passed) {
-  lane::LaneGeometry g;
-  g.request_bytes = h.request_bytes();
-  g.response_bytes = h.response_bytes();
-  if (g.segment_bytes() != h.segment_bytes()) {
-    return absl::InternalError("the lane handle's sizes do not add up");
-  }
-  absl::StatusOr<ShmMapping> map =
-      MapSharedSegment(ToHandle(h.memory(), passed), h.segment_bytes());
-  if (!map.ok()) {
-    return absl::Status(map.status().code(),
-                        absl::StrCat("request lane: ", map.status().message()));
-  }
-  absl::StatusOr<lane::LaneClientEnd> end =
-      lane::LaneClientEnd::Attach(map->data(), map->bytes(), g);
-  if (!end.ok()) return end.status();
-  return std::unique_ptr<ClientLane>(new ClientLane{*std::move(map), *std::move(end), {}, {}, {}});
-}
 
 // How long a caller watches the lane for its answer (yielding the core meanwhile) before it
 // sleeps on the lane's doorbell: a hit is answered within microseconds, a miss takes a read.
