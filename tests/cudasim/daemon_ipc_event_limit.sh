@@ -9,18 +9,9 @@
 #   daemon_ipc_event_limit.sh EXPERTD EXPERTCTL TRACE   (the cudasim builds)
 set -euo pipefail
 expertd=$1 ctl=$2 trace=$3
-work=$(mktemp -d)
+FAIL_LOG_LINES=20
+source "$(dirname "$0")/../support/daemon_test.sh"
 daemon=""
-cleanup() {
-  [ -n "$daemon" ] && kill -9 "$daemon" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; echo "--- daemon log"; tail -20 "$work/daemon.log" 2>/dev/null; exit 1; }
-
-export XDG_CACHE_HOME=$work/cache
-sock=$work/run/expertd.sock
-addr=unix://$sock
 gguf=$XDG_CACHE_HOME/expertd/demo/model.gguf
 config() {  # LIMIT
   cat > "$work/expertd.toml" <<TOML
@@ -35,7 +26,7 @@ TOML
 start() {
   rm -f "$sock"
   "$expertd" --demo --config "$work/expertd.toml" --socket "$sock" > "$work/daemon.log" 2>&1 &
-  daemon=$!
+  daemon=$!; pids+=($daemon)
   for _ in $(seq 1 600); do
     grep -q "serving demo" "$work/daemon.log" && return 0
     if ! kill -0 $daemon 2>/dev/null; then

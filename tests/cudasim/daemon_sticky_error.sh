@@ -6,18 +6,7 @@
 #   daemon_sticky_error.sh EXPERTD DAEMON_CUDA_CLIENT EXPERTCTL   (the cudasim builds)
 set -euo pipefail
 expertd=$1 client=$2 ctl=$3
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; echo "--- daemon log"; tail -30 "$work/daemon.log" 2>/dev/null; exit 1; }
-
-export XDG_CACHE_HOME=$work/cache
-sock=$work/run/expertd.sock
-addr=unix://$sock
+source "$(dirname "$0")/../support/daemon_test.sh"
 cat > "$work/expertd.toml" <<TOML
 [device]
 kind = "cuda"

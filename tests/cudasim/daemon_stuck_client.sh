@@ -11,18 +11,7 @@
 #   daemon_stuck_client.sh EXPERTD DAEMON_CUDA_CLIENT EXPERTCTL   (the cudasim builds)
 set -euo pipefail
 expertd=$1 client=$2 ctl=$3
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; echo "--- daemon log"; tail -30 "$work/daemon.log" 2>/dev/null; exit 1; }
-
-export XDG_CACHE_HOME=$work/cache
-sock=$work/run/expertd.sock
-addr=unix://$sock
+source "$(dirname "$0")/../support/daemon_test.sh"
 metrics_port=$((20000 + RANDOM % 20000))
 cat > "$work/expertd.toml" <<TOML
 [device]

@@ -13,18 +13,8 @@ set -euo pipefail
 expertd=$1 client=$2 ctl=$3 iterations=${4:-400}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 "$client" probe || exit $?
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; echo "--- daemon log"; tail -40 "$work/daemon.log" 2>/dev/null; exit 1; }
-
-export XDG_CACHE_HOME=$work/cache
-sock=$work/run/expertd.sock
-addr=unix://$sock
+FAIL_LOG_LINES=40
+source "$(dirname "$0")/../support/daemon_test.sh"
 # A small cache (2 MiB: about 14 of the demo's 256 bundles of ~140 KiB), so a slot released a
 # moment ago is soon overwritten while the kernels that read it (each sleeping DELAY on the GPU
 # first) may still run: the daemon's copy must wait for their done records.
