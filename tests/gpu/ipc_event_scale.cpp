@@ -1,7 +1,7 @@
 // GPU test (label gpu), two processes: IPC events at the daemon's real scale. The daemon makes
 // per slot a ready and a done event, and per session one more done event per slot
-// (Device::CreateSessionFences); each client opens its sessions' events. Are per-slot events
-// viable with thousands of slots and several sessions? This process plays the daemon: a CUDA
+// (Device::CreateSessionFences); each client opens its sessions' events. What do they cost up
+// to the driver's bound of IPC events per process? This process plays the daemon: a CUDA
 // device, CreateFences(slots), `sessions` session fence sets, their Export(); a second process
 // (this executable with --child) plays a client: OpenCudaEventsIfBuilt once per session
 // descriptor. Both print what it cost:
