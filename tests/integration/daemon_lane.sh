@@ -6,7 +6,7 @@
 #  2. a process that writes garbage into its lane has its stream ended with INVALID_ARGUMENT while
 #     a second process keeps verifying; the daemon logs and counts the failure (/metrics);
 #  3. a process killed with acquires waiting in its lane leaves no session and no lease behind;
-#  4. 16 idle lane sessions cost the daemon at most 0.05 CPU-seconds over 10 s;
+#  4. 16 idle lane sessions cost the daemon at most 0.15 CPU-seconds over 10 s;
 #  5. a session flooding its lane from 4 threads does not starve a quiet one: the quiet one keeps
 #     making progress (at least 1/200 of its rate alone and 100 cycles in 3 s; on 2 cores it
 #     was seen keeping 3-25 % alone, 2.8 % beside a parallel test run: once its answer takes
@@ -116,9 +116,12 @@ t1=$(cpu_ticks "$daemon")
 ticks_per_s=$(getconf CLK_TCK)
 used=$(awk -v a="$t0" -v b="$t1" -v hz="$ticks_per_s" 'BEGIN {printf "%.3f", (b - a) / hz}')
 echo "daemon CPU over 10 s with 16 idle lane sessions: $used s"
-# A lane thread that spun instead of sleeping would use about 10 s here. The sanitizer build may
-# raise the bound (EXPERTD_TEST_IDLE_CPU_S): its runtime does periodic work of its own.
-limit=${EXPERTD_TEST_IDLE_CPU_S:-0.05}
+# A lane thread that spun instead of sleeping would use about 10 s here, one that polled every
+# millisecond about 0.2 s or more. The daemon's own periodic work (the reaper, device health)
+# measured 0.02 and 0.03 s alone and 0.06 s beside a parallel llama.cpp build (1.5% of a core is
+# the bound; /proc counts in 0.01 s ticks). The sanitizer build may raise it
+# (EXPERTD_TEST_IDLE_CPU_S): its runtime does periodic work of its own.
+limit=${EXPERTD_TEST_IDLE_CPU_S:-0.15}
 awk -v u="$used" -v l="$limit" 'BEGIN {exit !(u <= l)}' \
   || fail "idle daemon used $used CPU-seconds (limit $limit)"
 wait $idler || fail "idle client"
