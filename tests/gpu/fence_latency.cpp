@@ -16,8 +16,8 @@
 //   RESULT fence_latency way=ipc_event rounds=N median_us=... p90_us=... p99_us=...
 //   RESULT fence_latency way=mem_word  rounds=N median_us=... p90_us=... p99_us=...
 //
-// Nothing is asserted about the figures; exit 0 when both ways ran, 1 when one failed, 77 with
-// no GPU. Usage: fence_latency [--rounds N]   (default 300)
+// Nothing is asserted about the figures, only that every answer came after its signal (the wait
+// held); exit 0 when both ways ran so, 1 otherwise, 77 with no GPU. Usage: fence_latency [--rounds N]   (default 300)
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <cudaTypedefs.h>
@@ -163,6 +163,11 @@ bool RunWay(const std::string& self, const char* way, int rounds) {
       if (Clock::now() > deadline) ok = false;
     }
     const int64_t seen = Clock::now().time_since_epoch().count();
+    // The answer must come after the release: one seen before it means the wait did not hold.
+    if (ok && seen <= g_released_ns.load()) {
+      std::printf("FAIL: way %s, round %d: the other process answered before the signal\n", way, r);
+      ok = false;
+    }
     if (ok && r > 5) us.push_back((seen - g_released_ns.load()) / 1000.0);
   }
   int status = 0;

@@ -14,8 +14,10 @@
 //   RESULT ipc_event_child_create_after_open created=N   and then creates its own: do opened
 //                                                     events count against its bound?
 //
-// Nothing is asserted about the numbers (they are the driver's); the exit code says whether the
-// measurement ran: 0 it did, 1 a step could not run, 77 no GPU.
+// One check: the bound is at least the budget the CUDA device assumes by default
+// (CudaDeviceOptions::max_ipc_events, 4096), else that default would let tables and sessions
+// fail in the driver instead of being refused up front. Exit 0 measured and checked, 1 a step
+// could not run or the bound is lower, 77 no GPU.
 //
 // Usage: ipc_event_limit [--cap N]   (default 65536 of each kind)
 #include <cuda_runtime_api.h>
@@ -186,6 +188,12 @@ int main(int argc, char** argv) {
   DestroyAll(again);
   if (!ran) {
     std::printf("FAIL: the second process (open) did not run\n");
+    return 1;
+  }
+  constexpr size_t kDeviceDefault = 4096;  // CudaDeviceOptions::max_ipc_events
+  if (limit < kDeviceDefault && limit < cap) {
+    std::printf("FAIL: this driver allows %zu IPC events per process, fewer than the %zu the CUDA "
+                "device budgets by default (device.cuda_ipc_event_limit)\n", limit, kDeviceDefault);
     return 1;
   }
   std::printf("ipc_event_limit: measured (first limit %zu)\n", limit);
