@@ -178,12 +178,13 @@ EXPERTD_Error* CheckClass(const char* fn, const SessionState& st, uint32_t slot_
 }
 
 // Releases and frees `lease` (owned from here on). A lease whose session was deleted is only freed.
-EXPERTD_Error* ReleaseAndFree(EXPERTD_Lease* lease) {
+EXPERTD_Error* ReleaseAndFree(EXPERTD_Lease* lease, bool wake = true) {
   std::unique_ptr<EXPERTD_Lease> owned(lease);
   std::shared_ptr<SessionState> st = owned->state;
   std::lock_guard<std::mutex> lock(st->mu);
   if (!st->session) return nullptr;
-  return FromStatus(st->session->Release(owned->lease));
+  return FromStatus(wake ? st->session->Release(owned->lease)
+                         : st->session->ReleaseLater(owned->lease));
 }
 
 }  // namespace
@@ -593,6 +594,25 @@ EXPERTD_Error* EXPERTD_SessionRelease(EXPERTD_Session* session, EXPERTD_Lease* l
     return Invalid(__func__, "the lease belongs to another session");
   }
   return Guard(__func__, [&](const char*) -> EXPERTD_Error* { return ReleaseAndFree(lease); });
+}
+
+EXPERTD_Error* EXPERTD_SessionReleaseLater(EXPERTD_Session* session, EXPERTD_Lease* lease) {
+  if (auto* e = NotNull(__func__, {ARG(session), ARG(lease)})) return e;
+  if (lease->state != session->state) {
+    return Invalid(__func__, "the lease belongs to another session");
+  }
+  return Guard(__func__, [&](const char*) -> EXPERTD_Error* {
+    return ReleaseAndFree(lease, /*wake=*/false);
+  });
+}
+
+EXPERTD_Error* EXPERTD_SessionFlush(EXPERTD_Session* session) {
+  if (auto* e = NotNull(__func__, {ARG(session)})) return e;
+  return Guard(__func__, [&](const char*) -> EXPERTD_Error* {
+    std::lock_guard<std::mutex> lock(session->state->mu);
+    if (session->state->session) session->state->session->Flush();
+    return nullptr;
+  });
 }
 
 EXPERTD_Error* EXPERTD_SessionWaitReady(EXPERTD_Session* session, EXPERTD_Lease* lease,

@@ -186,7 +186,14 @@ class SessionImpl final : public Session {
     return absl::OkStatus();
   }
 
-  absl::Status Release(const Lease& lease) override {
+  absl::Status Release(const Lease& lease) override { return Give(lease, /*wake=*/true); }
+  absl::Status ReleaseLater(const Lease& lease) override { return Give(lease, /*wake=*/false); }
+
+  void Flush() override {
+    if (lane_) lane_->end.Flush();
+  }
+
+  absl::Status Give(const Lease& lease, bool wake) {
     if (cuda_) {
       // Recorded: the daemon's next copies wait for the record. Never waited for: no stream of
       // this library was ordered after its copies, so nothing read it through us (a give-back,
@@ -202,14 +209,14 @@ class SessionImpl final : public Session {
     } else if (absl::Status st = SignalHostDone(lease); !st.ok()) {
       return st;
     }
-    return SendRelease(NextSeq(), lease.id);
+    return SendRelease(NextSeq(), lease.id, wake);
   }
 
-  absl::Status SendRelease(uint64_t seq, uint64_t lease) {
+  absl::Status SendRelease(uint64_t seq, uint64_t lease, bool wake = true) {
     if (lane_) {
       const uint64_t one[] = {lease};
       return WriteLane([&](std::vector<uint8_t>* out) { return lane::EncodeRelease(seq, one, out); },
-                       absl::Now() + absl::Seconds(5));
+                       absl::Now() + absl::Seconds(5), wake);
     }
     v1::SessionRequest r;
     r.mutable_release()->set_seq(seq);
@@ -373,7 +380,7 @@ class SessionImpl final : public Session {
   // Writes one request record into the lane, waiting (reading answers meanwhile, so a full lane
   // drains) until there is room, the session ends or `deadline`.
   template <typename Encode>
-  absl::Status WriteLane(Encode encode, absl::Time deadline) {
+  absl::Status WriteLane(Encode encode, absl::Time deadline, bool wake = true) {
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(lane_->write_mu);
@@ -383,7 +390,7 @@ class SessionImpl final : public Session {
         if (lane_->end.state() != lane::kStateOpen) {
           return absl::UnavailableError("the session's request lane was closed by the daemon");
         }
-        if (lane_->end.Write(lane_->record)) return absl::OkStatus();
+        if (lane_->end.Write(lane_->record, wake)) return absl::OkStatus();
       }
       PumpLane(nullptr);
       if (absl::Now() >= deadline) {

@@ -309,6 +309,20 @@ EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionRecordDone(EXPERTD_Session* session
 EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionRelease(EXPERTD_Session* session,
                                                      EXPERTD_Lease* lease);
 
+/* EXPERTD_SessionRelease without waking the daemon for it: on the request lane the release waits
+ * until the daemon next reads the session's lane — with the session's next request (the next
+ * layer's acquire), EXPERTD_SessionFlush, or at the end of the lane thread's sleep (2 s at
+ * most); its slots stay leased until then. For engines that release every layer's lease and
+ * acquire the next layer's soon after: one wake-up of the daemon per layer instead of two.
+ * Call EXPERTD_SessionFlush once the engine stops acquiring (the end of a forward pass). Over
+ * the gRPC stream the same as EXPERTD_SessionRelease. */
+EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionReleaseLater(EXPERTD_Session* session,
+                                                          EXPERTD_Lease* lease);
+
+/* Wakes the daemon for releases EXPERTD_SessionReleaseLater wrote that it has not read yet;
+ * nothing when there are none. */
+EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionFlush(EXPERTD_Session* session);
+
 /* Errors the daemon reported for requests nobody waits on (a failed release) and leases it
  * reclaimed because they outlived the lease TTL, since the last call. NULL when there were none;
  * else one error listing them all, with the code of the first failed request, or

@@ -479,12 +479,18 @@ absl::StatusOr<LaneClientEnd> LaneClientEnd::Attach(uint8_t* base, uint64_t byte
   return LaneClientEnd(WordsAt(base, g), g);
 }
 
-bool LaneClientEnd::Write(std::span<const uint8_t> record) {
+bool LaneClientEnd::Write(std::span<const uint8_t> record, bool wake) {
   uint64_t head = Load(w_.request_head, std::memory_order_relaxed);
   if (!Put(w_.request_ring, g_.request_bytes, &head, Load(w_.request_tail), record)) return false;
   Store(w_.request_head, head);
-  if (Load32(w_.daemon_sleeping) != 0) Ding(w_.daemon_doorbell);
+  if (wake && Load32(w_.daemon_sleeping) != 0) Ding(w_.daemon_doorbell);
   return true;
+}
+
+void LaneClientEnd::Flush() {
+  if (Load32(w_.daemon_sleeping) != 0 && Load(w_.request_tail) != Load(w_.request_head)) {
+    Ding(w_.daemon_doorbell);
+  }
 }
 
 absl::Status LaneClientEnd::Next(Response* response, bool* got) {

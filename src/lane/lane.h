@@ -226,9 +226,13 @@ class LaneClientEnd {
   static absl::StatusOr<LaneClientEnd> Attach(uint8_t* base, uint64_t bytes,
                                               const LaneGeometry& geometry);
 
-  // Appends one encoded record and rings the daemon if it sleeps: true when written, false when
-  // the request ring is full (the daemon has not caught up).
-  bool Write(std::span<const uint8_t> record);
+  // Appends one encoded record and, with `wake`, rings the daemon if it sleeps: true when
+  // written, false when the request ring is full (the daemon has not caught up). Without `wake`
+  // the record waits for the daemon's next look at the lane: the next rung write, Flush, or the
+  // end of the lane thread's sleep (2 s at most).
+  bool Write(std::span<const uint8_t> record, bool wake = true);
+  // Rings the daemon if it sleeps while requests wait that it has not read.
+  void Flush();
   // The next response: OK with `*got` false when there is none; an error when the daemon's
   // record is malformed (a daemon bug: the session is unusable).
   absl::Status Next(Response* response, bool* got);

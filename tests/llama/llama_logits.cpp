@@ -3,8 +3,10 @@
 // of every step (the prompt's last position, then each decoded token) as float32 to OUT.
 //
 //   llama_logits MODEL.gguf OUT [--tokens 1,2,3] [--steps N] [--threads T] [--ctx N]
-//                [--no-repack] [--ubatch N] [--poll P]
+//                [--no-repack] [--no-mmap] [--ubatch N] [--poll P]
 //
+// --no-mmap reads the model's weights into memory instead of mapping the file (llama.cpp's
+// --no-mmap).
 // --poll P gives the context a ggml CPU threadpool whose idle workers poll at level P (0: they
 // sleep instead of spinning), rather than llama.cpp's default threadpool.
 //
@@ -57,14 +59,14 @@ long SmapsKiB(const std::string& key) {
 int main(int argc, char** argv) {
   if (argc < 3) {
     std::fprintf(stderr, "usage: llama_logits MODEL.gguf OUT [--tokens 1,2,3] [--steps N] "
-                         "[--threads T] [--ctx N] [--no-repack] [--ubatch N]\n");
+                         "[--threads T] [--ctx N] [--no-repack] [--no-mmap] [--ubatch N] [--poll P]\n");
     return 2;
   }
   const char* model_path = argv[1];
   const char* out_path = argv[2];
   std::vector<llama_token> prompt = {1, 300, 301, 302, 303, 304, 305, 306};
   int steps = 32, threads = 2, n_ctx = 256, ubatch = 512, poll = -1;
-  bool repack = true;
+  bool repack = true, mmap = true;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has_value = i + 1 < argc;
@@ -82,6 +84,8 @@ int main(int argc, char** argv) {
       poll = std::atoi(argv[++i]);
     } else if (a == "--no-repack") {
       repack = false;
+    } else if (a == "--no-mmap") {
+      mmap = false;
     } else {
       std::fprintf(stderr, "llama_logits: unknown argument %s\n", a.c_str());
       return 2;
@@ -96,6 +100,7 @@ int main(int argc, char** argv) {
   llama_model_params mp = llama_model_default_params();
   mp.n_gpu_layers = 0;
   mp.use_extra_bufts = repack;
+  if (!mmap) mp.load_mode = LLAMA_LOAD_MODE_NONE;
   llama_model* model = llama_model_load_from_file(model_path, mp);
   if (model == nullptr) {
     std::fprintf(stderr, "llama_logits: cannot load %s\n", model_path);

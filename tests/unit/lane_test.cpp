@@ -1,8 +1,9 @@
 // The request lane (src/lane/lane.h): the record format against the contract in
 // docs/protocol.md, both ends of the rings in one process over private memory (wrap-around, a
-// full lane, every malformed input the daemon must refuse), then the daemon's lane thread with
-// real sessions (lane_server.h): answers out of order, several requests outstanding, a client
-// that stops reading, one that writes garbage, one that vanishes with requests in its lane.
+// full lane, a write that does not wake the daemon, every malformed input the daemon must
+// refuse), then the daemon's lane thread with real sessions (lane_server.h): answers out of
+// order, several requests outstanding, a client that stops reading, one that writes garbage, one
+// that vanishes with requests in its lane.
 #include "lane/lane.h"
 
 #include <gtest/gtest.h>
@@ -324,6 +325,40 @@ TEST(LaneRings, ASleepingDaemonThreadWakesForTheNextRequest) {
   stop = true;
   l.daemon->Ring();
   daemon.join();
+}
+
+TEST(LaneRings, AWriteWithoutWakeWaitsForTheNextRungWriteOrFlush) {
+  PrivateLane l;
+  auto* doorbell = reinterpret_cast<uint32_t*>(l.base() + 192);
+  auto* sleeping = doorbell + 1;
+  *sleeping = 1;  // as LaneDaemonEnd::Sleep marks it
+  std::vector<uint8_t> release;
+  const uint64_t leases[] = {7};
+  ASSERT_TRUE(lane::EncodeRelease(1, leases, &release).ok());
+  const uint32_t before = *doorbell;
+  ASSERT_TRUE(l.client->Write(release, /*wake=*/false));
+  EXPECT_EQ(*doorbell, before) << "a write without wake rang the sleeping daemon";
+  l.client->Flush();
+  EXPECT_EQ(*doorbell, before + 1) << "Flush did not ring for the unread release";
+  ASSERT_TRUE(l.client->Write(release, /*wake=*/false));
+  ASSERT_TRUE(l.client->Write(Acquire(2, 0, {1})));
+  EXPECT_EQ(*doorbell, before + 2) << "the acquire after it did not ring";
+  // The daemon reads both in order: the release first.
+  lane::Request r;
+  bool got = false;
+  for (uint64_t seq : {1, 1, 2}) {
+    ASSERT_TRUE(l.daemon->Next(&r, &got).ok());
+    ASSERT_TRUE(got);
+    EXPECT_EQ(r.seq, seq);
+  }
+  ASSERT_TRUE(l.daemon->Next(&r, &got).ok());
+  EXPECT_FALSE(got);
+  l.client->Flush();
+  EXPECT_EQ(*doorbell, before + 2) << "Flush rang with nothing unread";
+  *sleeping = 0;
+  ASSERT_TRUE(l.client->Write(release, /*wake=*/false));
+  l.client->Flush();
+  EXPECT_EQ(*doorbell, before + 2) << "Flush rang a daemon that is awake";
 }
 
 // ---- The daemon's lane thread with real sessions ---------------------------------------------
