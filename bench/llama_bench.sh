@@ -9,7 +9,8 @@
 # decode steps, default 64, T threads, default 2) under /usr/bin/time for the engine's peak RSS;
 # the daemon's lane thread watches for the next request for US microseconds before it sleeps
 # ([lane] spin_us, default: the daemon's default). After the daemon starts, one run of the
-# prompt and one step loads the experts they route to, so the expertd-full runs that follow are all hits.
+# prompt and one step loads the experts they route to, so the expertd-full runs that follow
+# are all hits.
 #   stock           llama.cpp loads the experts (weight repacking on: its default)
 #   stock-norepack  the same with --no-repack
 #   expertd-full    the experts from expertd, a pool holding all of them (repacking on for the
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
     --prompt) prompt_len=$2; shift ;;
     --threads) threads=$2; shift ;;
     --lane-spin) lane_spin=$2; shift ;;
-    *) sed -n '2,20p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,/^set -euo/{/^#/p}' "$0" >&2; exit 2 ;;
   esac
   shift
 done

@@ -187,6 +187,17 @@ EXPERTD_Error* ReleaseAndFree(EXPERTD_Lease* lease, bool wake = true) {
                          : st->session->ReleaseLater(owned->lease));
 }
 
+// EXPERTD_SessionRelease and EXPERTD_SessionReleaseLater: checks the arguments, then
+// ReleaseAndFree.
+EXPERTD_Error* ReleaseOfSession(const char* fn, EXPERTD_Session* session, EXPERTD_Lease* lease,
+                                bool wake) {
+  if (auto* e = NotNull(fn, {ARG(session), ARG(lease)})) return e;
+  if (lease->state != session->state) {
+    return Invalid(fn, "the lease belongs to another session");
+  }
+  return Guard(fn, [&](const char*) -> EXPERTD_Error* { return ReleaseAndFree(lease, wake); });
+}
+
 }  // namespace
 
 extern "C" {
@@ -589,21 +600,11 @@ EXPERTD_Error* EXPERTD_SessionPrefetch(EXPERTD_Session* session, uint32_t layer,
 }
 
 EXPERTD_Error* EXPERTD_SessionRelease(EXPERTD_Session* session, EXPERTD_Lease* lease) {
-  if (auto* e = NotNull(__func__, {ARG(session), ARG(lease)})) return e;
-  if (lease->state != session->state) {
-    return Invalid(__func__, "the lease belongs to another session");
-  }
-  return Guard(__func__, [&](const char*) -> EXPERTD_Error* { return ReleaseAndFree(lease); });
+  return ReleaseOfSession(__func__, session, lease, /*wake=*/true);
 }
 
 EXPERTD_Error* EXPERTD_SessionReleaseLater(EXPERTD_Session* session, EXPERTD_Lease* lease) {
-  if (auto* e = NotNull(__func__, {ARG(session), ARG(lease)})) return e;
-  if (lease->state != session->state) {
-    return Invalid(__func__, "the lease belongs to another session");
-  }
-  return Guard(__func__, [&](const char*) -> EXPERTD_Error* {
-    return ReleaseAndFree(lease, /*wake=*/false);
-  });
+  return ReleaseOfSession(__func__, session, lease, /*wake=*/false);
 }
 
 EXPERTD_Error* EXPERTD_SessionFlush(EXPERTD_Session* session) {

@@ -612,7 +612,7 @@ static void test_daemon(const char* expertd) {
     }
     if (pass == 1) OK(EXPERTD_SessionFlush(s1));
   }
-  OK(EXPERTD_SessionFlush(s1)); /* nothing waits: does nothing */
+  OK(EXPERTD_SessionFlush(s1)); /* with nothing unread it still succeeds */
   OK(EXPERTD_SessionAcquire(s2, layer, e10, 2, 30000, &lease2));
   check_lease(s2, lease2, layer, e10, 2, n_proj);
   for (size_t i = 0; i < 2; ++i) {
