@@ -464,6 +464,12 @@ EXPERTD_Error* EXPERTD_SessionDevice(EXPERTD_Session* session, const char** devi
   return nullptr;
 }
 
+EXPERTD_Error* EXPERTD_SessionCudaDevice(EXPERTD_Session* session, int* ordinal) {
+  if (auto* e = NotNull(__func__, {ARG(session), ARG(ordinal)})) return e;
+  *ordinal = session->state->session->cuda_device();
+  return nullptr;
+}
+
 EXPERTD_Error* EXPERTD_SessionLimits(EXPERTD_Session* session, uint32_t* max_leases,
                                      uint32_t* max_experts_per_acquire, uint64_t* lease_ttl_ms) {
   if (auto* e = NotNull(__func__, {ARG(session)})) return e;
@@ -624,6 +630,16 @@ EXPERTD_Error* EXPERTD_SessionWaitReady(EXPERTD_Session* session, EXPERTD_Lease*
   }
   return Guard(__func__, [&](const char*) -> EXPERTD_Error* {
     return FromStatus(session->state->session->WaitReady(lease->lease, cuda_stream));
+  });
+}
+
+EXPERTD_Error* EXPERTD_SessionWaitReadyOnHost(EXPERTD_Session* session, EXPERTD_Lease* lease) {
+  if (auto* e = NotNull(__func__, {ARG(session), ARG(lease)})) return e;
+  if (lease->state != session->state) {
+    return Invalid(__func__, "the lease belongs to another session");
+  }
+  return Guard(__func__, [&](const char*) -> EXPERTD_Error* {
+    return FromStatus(session->state->session->WaitReadyOnHost(lease->lease));
   });
 }
 

@@ -144,6 +144,17 @@ class SessionImpl final : public Session {
     return absl::OkStatus();
   }
 
+  absl::Status WaitReadyOnHost(const Lease& lease) override {
+    if (!cuda_) return absl::OkStatus();
+    for (const SlotView& s : lease.slots) {
+      absl::Status st = classes_.at(s.slot_class).events->WaitReadyOnHost(s.slot, s.generation);
+      if (!st.ok()) return st;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    waited_.insert(lease.id);
+    return absl::OkStatus();
+  }
+
   absl::Status CopySlot(const SlotView& slot, size_t projection, std::span<uint8_t> out,
                         void* cuda_stream) override {
     if (slot.slot_class >= classes_.size() ||

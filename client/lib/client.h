@@ -126,6 +126,10 @@ class Session {
   // the GPU until the copies behind every slot of the lease landed. Host: nothing to do (Acquire
   // returned with the slots ready). Call it before the kernels that read the slots.
   virtual absl::Status WaitReady(const Lease& lease, void* cuda_stream) = 0;
+  // CUDA: the same wait on the CPU: returns when those copies landed (for engines whose kernels
+  // run on streams they cannot pass here; they must order their kernels after this call). Counts
+  // as WaitReady for RecordDone and Release. Host: nothing to do.
+  virtual absl::Status WaitReadyOnHost(const Lease& lease) = 0;
   // CUDA: after the kernels that read the lease's slots were queued on `cuda_stream`, records
   // this session's done event of each slot there. FailedPrecondition when WaitReady was not
   // called for the lease. Host: signals done now (the reads must have returned).

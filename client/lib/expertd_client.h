@@ -56,7 +56,7 @@ extern "C" {
  * or disappears. A caller built against MAJOR.MINOR works with a library of the same MAJOR and a
  * MINOR at least as large (check with EXPERTD_ApiVersion at run time). */
 #define EXPERTD_CLIENT_API_VERSION_MAJOR 1
-#define EXPERTD_CLIENT_API_VERSION_MINOR 2
+#define EXPERTD_CLIENT_API_VERSION_MINOR 3
 
 typedef struct EXPERTD_Error EXPERTD_Error;
 typedef struct EXPERTD_Client EXPERTD_Client;
@@ -204,6 +204,12 @@ EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionDelete(EXPERTD_Session* session);
 EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionDevice(EXPERTD_Session* session, const char** device,
                                                     const char** kind);
 
+/* CUDA sessions: *ordinal is this process's CUDA device ordinal of the daemon's GPU (found by its
+ * UUID, so it may differ from the number in the daemon's device name when the two processes see
+ * different CUDA_VISIBLE_DEVICES): the device of the arena pointers, of the streams passed to
+ * EXPERTD_SessionWaitReady / EXPERTD_SessionRecordDone. -1 for host sessions. Since API 1.3. */
+EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionCudaDevice(EXPERTD_Session* session, int* ordinal);
+
 /* The daemon's limits for this session; each output nullable. An acquire of more experts than
  * *max_experts_per_acquire, or while *max_leases are held, fails; a lease held longer than
  * *lease_ttl_ms is reclaimed by the daemon (reported by EXPERTD_SessionPollErrors). */
@@ -254,8 +260,8 @@ EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionProjection(EXPERTD_Session* session
  * it at [*base + s * *slot_stride, *base + (s + 1) * *slot_stride), for s < *slot_count. An
  * engine points a stacked expert tensor at it once: data = base, ne[2] = slot_count,
  * nb[2] = slot_stride; after an acquire, router ids remapped to slot indexes select the experts.
- * The bytes after the last slot, up to the mapping's end, are zero padding, so kernels that read
- * a little past a row stay inside the mapping. *base is read-only, owned by the session, valid
+ * The bytes after the last slot, up to the mapping's end, are zero padding (at least 64 KiB), so
+ * kernels that read a little past a row stay inside the mapping. *base is read-only, owned by the session, valid
  * until EXPERTD_SessionDelete; a slot's bytes are meaningful only while a lease holds it. */
 EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionArena(EXPERTD_Session* session, uint32_t slot_class,
                                                    uint32_t projection, const void** base,
@@ -288,6 +294,14 @@ EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionPrefetch(EXPERTD_Session* session, 
 EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionWaitReady(EXPERTD_Session* session,
                                                        EXPERTD_Lease* lease, void* cuda_stream);
 
+/* EXPERTD_SessionWaitReady on the CPU: CUDA sessions block the calling thread until the copies
+ * into the lease's slots landed (cudaEventSynchronize on their ready events), for engines whose
+ * kernels run on streams they cannot pass here; they must queue those kernels after this call
+ * returns. Counts as EXPERTD_SessionWaitReady for EXPERTD_SessionRecordDone. Host sessions:
+ * nothing to do; returns NULL. Since API 1.3. */
+EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionWaitReadyOnHost(EXPERTD_Session* session,
+                                                             EXPERTD_Lease* lease);
+
 /* CUDA sessions: after the kernels that read the lease's slots were queued on `cuda_stream`,
  * records this session's done event of each slot on it; then release the lease. The daemon's
  * next copy into those slots waits on these records on the GPU. FAILED_PRECONDITION when
@@ -315,12 +329,12 @@ EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionRelease(EXPERTD_Session* session,
  * most); its slots stay leased until then. For engines that release every layer's lease and
  * acquire the next layer's soon after: one wake-up of the daemon per layer instead of two.
  * Call EXPERTD_SessionFlush once the engine stops acquiring (the end of a forward pass). Over
- * the gRPC stream the same as EXPERTD_SessionRelease. */
+ * the gRPC stream the same as EXPERTD_SessionRelease. Since API 1.3. */
 EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionReleaseLater(EXPERTD_Session* session,
                                                           EXPERTD_Lease* lease);
 
 /* Wakes the daemon for releases EXPERTD_SessionReleaseLater wrote that it has not read yet;
- * nothing when there are none. */
+ * nothing when there are none. Since API 1.3. */
 EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionFlush(EXPERTD_Session* session);
 
 /* Errors the daemon reported for requests nobody waits on (a failed release) and leases it

@@ -101,6 +101,10 @@ class CudaSessionEvents {
   // outside the table; FailedPrecondition for a stream of another GPU than the session's; CUDA
   // errors as statuses.
   virtual absl::Status WaitReady(SlotId slot, uint64_t generation, void* cuda_stream) = 0;
+  // The same wait on the CPU: blocks until that copy landed (cudaEventSynchronize on the slot's
+  // ready event). For engines whose kernels run on streams they cannot name to this library;
+  // counts as a WaitReady for RecordDone. Same errors as WaitReady but the stream's.
+  virtual absl::Status WaitReadyOnHost(SlotId slot, uint64_t generation) = 0;
   // After the kernels that read the slot were queued on `cuda_stream`: records the slot's done
   // event there, chained after its previous record (the stream first waits on the event), so
   // the latest record covers every lease of the slot this process finished, on any stream.

@@ -15,7 +15,10 @@ absl::StatusOr<uint64_t> ArenaReservedBytes(uint64_t requested, uint64_t max_byt
   if (requested == 0) {
     return InvalidError(ErrorKind::kBadValue, "arena of 0 bytes requested");
   }
-  const std::optional<uint64_t> reserved = CheckedAlignUp(requested, kArenaAlignment);
+  const std::optional<uint64_t> reserved =
+      requested > UINT64_MAX - kArenaMinTail
+          ? std::nullopt
+          : CheckedAlignUp(requested + kArenaMinTail, kArenaAlignment);
   if (!reserved || *reserved > max_bytes) {
     return MakeError(absl::StatusCode::kResourceExhausted, ErrorKind::kAbsurdCount,
                      absl::StrCat("arena of ", requested,

@@ -32,11 +32,15 @@
 namespace expertd {
 
 // Arena sizes are rounded up to this (the CUDA allocation granularity); the tail after the
-// requested bytes stays zero so kernels may read past the last slot (ggml pads quantized rows).
+// requested bytes stays zero so kernels may read past the last slot.
 inline constexpr uint64_t kArenaAlignment = uint64_t{2} << 20;
+// The tail is at least this long: ggml's CUDA kernels read up to one padded row past the last
+// row of a quantized tensor (512 values, under 2.2 KiB for any ggml type).
+inline constexpr uint64_t kArenaMinTail = uint64_t{64} << 10;
 
-// Rounds a requested arena size up to kArenaAlignment: InvalidArgument for 0, ResourceExhausted
-// when the rounded size would exceed `max_bytes` (or overflow). Shared by every backend.
+// Rounds a requested arena size plus kArenaMinTail up to kArenaAlignment: InvalidArgument for
+// 0, ResourceExhausted when the rounded size would exceed `max_bytes` (or overflow). Shared by
+// every backend.
 absl::StatusOr<uint64_t> ArenaReservedBytes(uint64_t requested, uint64_t max_bytes);
 
 // What a backend can do. Every field defaults to "not supported" / 0; a backend sets what it has.

@@ -6,8 +6,9 @@
 //       exit 0 when a CUDA GPU and the backend are here, 77 (skip) with the reason otherwise
 //   daemon_cuda_client wait ADDR SECONDS
 //       waits until the daemon's health is SERVING
-//   daemon_cuda_client run ADDR GGUF ITERATIONS SEED DELAY_NS
-//       acquires random top-k experts of random layers and, on one stream: WaitReady, a checksum
+//   daemon_cuda_client run ADDR GGUF ITERATIONS SEED DELAY_NS [host-wait]
+//       acquires random top-k experts of random layers and, on one stream: WaitReady (with
+//       host-wait: WaitReadyOnHost, the CPU waits and the stream does not), a checksum
 //       kernel per projection (which first sleeps DELAY_NS on the GPU, to widen the window in
 //       which an unsafe overwrite would show), a device-to-host copy of the slot, RecordDone,
 //       and Release — before the stream has finished, with 4 iterations in flight, so the
@@ -150,7 +151,7 @@ struct Flight {
 };
 
 int Run(const std::string& addr, const std::string& gguf, int iterations, uint64_t seed,
-        uint64_t delay_ns) {
+        uint64_t delay_ns, bool host_wait) {
   auto client = Connect(addr);
   auto session = Open(*client);
   Oracle oracle(gguf);
@@ -213,7 +214,9 @@ int Run(const std::string& addr, const std::string& gguf, int iterations, uint64
     const std::vector<uint32_t> experts = PickExperts(rng, model.n_expert(), k);
     auto lease = session->Acquire(layer, experts);
     if (!lease.ok()) Die(absl::StrCat("acquire: ", lease.status().ToString()));
-    if (auto st = session->WaitReady(*lease, stream); !st.ok()) Die(st.ToString());
+    const absl::Status waited =
+        host_wait ? session->WaitReadyOnHost(*lease) : session->WaitReady(*lease, stream);
+    if (!waited.ok()) Die(waited.ToString());
     CudaOk(cudaMemsetAsync(f.sums_dev, 0, sums * 8, stream), "cudaMemsetAsync");
     size_t n = 0;
     uint64_t off = 0;
@@ -250,9 +253,9 @@ int Run(const std::string& addr, const std::string& gguf, int iterations, uint64
   for (const auto& e : session->TakeAsyncErrors()) {
     Die(absl::StrCat("the daemon refused request ", e.seq(), ": ", e.message()));
   }
-  std::printf("RESULT daemon-pair pid=%d iterations=%d slots=%llu misses=%llu checked=%llu "
+  std::printf("RESULT daemon-pair pid=%d wait=%s iterations=%d slots=%llu misses=%llu checked=%llu "
               "mismatches=%llu bytes=%llu seconds=%.2f delay_ns=%llu\n",
-              getpid(), iterations, static_cast<unsigned long long>(slots),
+              getpid(), host_wait ? "host" : "stream", iterations, static_cast<unsigned long long>(slots),
               static_cast<unsigned long long>(misses), static_cast<unsigned long long>(checked),
               static_cast<unsigned long long>(mismatches), static_cast<unsigned long long>(bytes),
               secs, static_cast<unsigned long long>(delay_ns));
@@ -442,9 +445,9 @@ int main(int argc, char** argv) {
     }
     Die("the daemon never reported SERVING");
   }
-  if (a.size() == 6 && a[0] == "run") {
+  if ((a.size() == 6 || (a.size() == 7 && a[6] == "host-wait")) && a[0] == "run") {
     return Run(a[1], a[2], std::atoi(a[3].c_str()), std::strtoull(a[4].c_str(), nullptr, 10),
-               std::strtoull(a[5].c_str(), nullptr, 10));
+               std::strtoull(a[5].c_str(), nullptr, 10), a.size() == 7);
   }
   if (a.size() == 3 && a[0] == "stuck" && (a[2] == "pending" || a[2] == "destroyed")) {
     return Stuck(a[1], a[2]);

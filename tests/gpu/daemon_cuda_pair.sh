@@ -2,7 +2,8 @@
 # The daemon-level GPU test: the real expertd serving its demo model from the CUDA device, and
 # two client processes (daemon_cuda_client) whose CUDA kernels read granted slots in place
 # through IPC and check them against the model file, releasing leases while their kernels still
-# run; then acquire-to-ready latency for a miss and a hit. Twice: with packs read into pinned
+# run (on the staging path the second waits for the copies on the CPU, WaitReadyOnHost, as
+# llama.cpp's change does); then acquire-to-ready latency for a miss and a hit. Twice: with packs read into pinned
 # staging (readers.method = pread), and with the direct path (mmap packs registered with
 # cudaHostRegister — read-only, or through a private writable mapping where the GPU cannot
 # register read-only memory — and copied from the registration). Exit 77 (skip) without a GPU.
@@ -58,7 +59,7 @@ evictions() {
 echo "== staging path: two client processes, kernels reading slots in place, released while running"
 start pread
 "$client" run "$addr" "$gguf" "$iterations" 1 $delay > "$work/a.log" 2>&1 & a=$!
-"$client" run "$addr" "$gguf" "$iterations" 2 $delay > "$work/b.log" 2>&1 & b=$!
+"$client" run "$addr" "$gguf" "$iterations" 2 $delay host-wait > "$work/b.log" 2>&1 & b=$!
 rc=0
 wait $a || rc=1
 wait $b || rc=1

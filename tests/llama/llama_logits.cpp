@@ -3,8 +3,9 @@
 // of every step (the prompt's last position, then each decoded token) as float32 to OUT.
 //
 //   llama_logits MODEL.gguf OUT [--tokens 1,2,3] [--steps N] [--threads T] [--ctx N]
-//                [--no-repack] [--no-mmap] [--ubatch N] [--poll P]
+//                [--no-repack] [--no-mmap] [--ubatch N] [--poll P] [--ngl N]
 //
+// --ngl N offloads N layers to a GPU (llama.cpp's --n-gpu-layers; default 0: the CPU only).
 // --no-mmap reads the model's weights into memory instead of mapping the file (llama.cpp's
 // --no-mmap).
 // --poll P gives the context a ggml CPU threadpool whose idle workers poll at level P (0: they
@@ -59,13 +60,14 @@ long SmapsKiB(const std::string& key) {
 int main(int argc, char** argv) {
   if (argc < 3) {
     std::fprintf(stderr, "usage: llama_logits MODEL.gguf OUT [--tokens 1,2,3] [--steps N] "
-                         "[--threads T] [--ctx N] [--no-repack] [--no-mmap] [--ubatch N] [--poll P]\n");
+                         "[--threads T] [--ctx N] [--no-repack] [--no-mmap] [--ubatch N] [--poll P] "
+                         "[--ngl N]\n");
     return 2;
   }
   const char* model_path = argv[1];
   const char* out_path = argv[2];
   std::vector<llama_token> prompt = {1, 300, 301, 302, 303, 304, 305, 306};
-  int steps = 32, threads = 2, n_ctx = 256, ubatch = 512, poll = -1;
+  int steps = 32, threads = 2, n_ctx = 256, ubatch = 512, poll = -1, ngl = 0;
   bool repack = true, mmap = true;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
@@ -82,6 +84,8 @@ int main(int argc, char** argv) {
       ubatch = std::atoi(argv[++i]);
     } else if (a == "--poll" && has_value) {
       poll = std::atoi(argv[++i]);
+    } else if (a == "--ngl" && has_value) {
+      ngl = std::atoi(argv[++i]);
     } else if (a == "--no-repack") {
       repack = false;
     } else if (a == "--no-mmap") {
@@ -98,7 +102,7 @@ int main(int argc, char** argv) {
 
   llama_backend_init();
   llama_model_params mp = llama_model_default_params();
-  mp.n_gpu_layers = 0;
+  mp.n_gpu_layers = ngl;
   mp.use_extra_bufts = repack;
   if (!mmap) mp.load_mode = LLAMA_LOAD_MODE_NONE;
   llama_model* model = llama_model_load_from_file(model_path, mp);

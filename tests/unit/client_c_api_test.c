@@ -192,6 +192,7 @@ static void test_null_arguments(void) {
   EXPECT_CODE(EXPERTD_SessionNew(NULL, NULL, "demo", NULL), EXPERTD_ERROR_INVALID_ARGUMENT);
   EXPECT(session == NULL, "the output was written on an error");
   EXPECT_CODE(EXPERTD_SessionDevice(NULL, &str, &str), EXPERTD_ERROR_INVALID_ARGUMENT);
+  EXPECT_CODE(EXPERTD_SessionCudaDevice(NULL, &(int){0}), EXPERTD_ERROR_INVALID_ARGUMENT);
   EXPECT_CODE(EXPERTD_SessionLimits(NULL, &u32, &u32, &u64), EXPERTD_ERROR_INVALID_ARGUMENT);
   EXPECT_CODE(EXPERTD_SessionExperts(NULL, &u32, &u32), EXPERTD_ERROR_INVALID_ARGUMENT);
   EXPECT_CODE(EXPERTD_SessionMoeLayers(NULL, &layers, &n), EXPERTD_ERROR_INVALID_ARGUMENT);
@@ -209,6 +210,7 @@ static void test_null_arguments(void) {
   EXPECT_CODE(EXPERTD_SessionReleaseLater(NULL, NULL), EXPERTD_ERROR_INVALID_ARGUMENT);
   EXPECT_CODE(EXPERTD_SessionFlush(NULL), EXPERTD_ERROR_INVALID_ARGUMENT);
   EXPECT_CODE(EXPERTD_SessionWaitReady(NULL, NULL, NULL), EXPERTD_ERROR_INVALID_ARGUMENT);
+  EXPECT_CODE(EXPERTD_SessionWaitReadyOnHost(NULL, NULL), EXPERTD_ERROR_INVALID_ARGUMENT);
   EXPECT_CODE(EXPERTD_SessionRecordDone(NULL, NULL, NULL), EXPERTD_ERROR_INVALID_ARGUMENT);
   EXPECT_CODE(EXPERTD_SessionPollErrors(NULL), EXPERTD_ERROR_INVALID_ARGUMENT);
   EXPECT_CODE(EXPERTD_LeaseInfo(NULL, &u64, &u32, &u64), EXPERTD_ERROR_INVALID_ARGUMENT);
@@ -482,6 +484,9 @@ static void test_daemon(const char* expertd) {
   const char* kind = NULL;
   OK(EXPERTD_SessionDevice(s1, &device, &kind));
   EXPECT(strcmp(kind, "host") == 0, "device kind %s", kind);
+  int ordinal = 7;
+  OK(EXPERTD_SessionCudaDevice(s1, &ordinal));
+  EXPECT(ordinal == -1, "a host session's CUDA ordinal is %d", ordinal);
   uint32_t max_leases = 0, max_per_acquire = 0;
   uint64_t ttl_ms = 0;
   OK(EXPERTD_SessionLimits(s1, &max_leases, &max_per_acquire, &ttl_ms));
@@ -567,11 +572,13 @@ static void test_daemon(const char* expertd) {
   EXPECT_CODE(EXPERTD_SessionRelease(s1, lease2), EXPERTD_ERROR_INVALID_ARGUMENT);
   EXPECT_CODE(EXPERTD_SessionReleaseLater(s1, lease2), EXPERTD_ERROR_INVALID_ARGUMENT);
   EXPECT_CODE(EXPERTD_SessionWaitReady(s1, lease2, NULL), EXPERTD_ERROR_INVALID_ARGUMENT);
+  EXPECT_CODE(EXPERTD_SessionWaitReadyOnHost(s1, lease2), EXPERTD_ERROR_INVALID_ARGUMENT);
   EXPECT_CODE(EXPERTD_SessionRecordDone(s1, lease2, NULL), EXPERTD_ERROR_INVALID_ARGUMENT);
   OK(EXPERTD_LeaseSlotCount(lease2, &(size_t){0}));
   /* Host sessions: waiting for ready is a no-op, recording done signals it; the engine's
    * device-neutral sequence works unchanged. */
   OK(EXPERTD_SessionWaitReady(s2, lease2, NULL));
+  OK(EXPERTD_SessionWaitReadyOnHost(s2, lease2));
   OK(EXPERTD_SessionRecordDone(s2, lease2, NULL));
   OK(EXPERTD_SessionRelease(s2, lease2));
   OK(EXPERTD_SessionRelease(s1, lease1));

@@ -122,6 +122,18 @@ TEST(HostDeviceTest, NameAndCapabilities) {
   EXPECT_GT(caps.max_staging_bytes, 0u);
 }
 
+TEST(HostDeviceTest, ArenaOfWhole2MiBKeepsATail) {
+  auto device = NewDevice();
+  auto arena = Must(device->AllocateArena(2 * kMiB, "L0.ffn_down_exps"));
+  EXPECT_EQ(arena->bytes(), 2 * kMiB);
+  EXPECT_EQ(arena->reserved_bytes(), 4 * kMiB);
+  EXPECT_TRUE(AllZero(arena->host_data() + arena->bytes(), 64 * 1024));
+  auto tight = Must(device->AllocateArena(2 * kMiB - 64 * 1024, "L0.ffn_up_exps"));
+  EXPECT_EQ(tight->reserved_bytes(), 2 * kMiB);
+  auto over = Must(device->AllocateArena(2 * kMiB - 64 * 1024 + 1, "L0.ffn_gate_exps"));
+  EXPECT_EQ(over->reserved_bytes(), 4 * kMiB);
+}
+
 TEST(HostDeviceTest, ArenaRoundsUpTo2MiBWithZeroTail) {
   auto device = NewDevice();
   auto arena = Must(device->AllocateArena(3 * kMiB + 5, "L3.ffn_up_exps"));

@@ -212,6 +212,16 @@ class OpenedEvents final : public CudaSessionEvents {
     });
   }
 
+  absl::Status WaitReadyOnHost(SlotId slot, uint64_t generation) override {
+    {
+      std::lock_guard lock(mu_);
+      RETURN_IF_ERROR(gens_.OnWaitReady(slot, generation));
+    }
+    return WithDevice(ordinal_, [&] {
+      return EXPERTD_CUDA_STATUS(cudaEventSynchronize(ready_[slot]->get()));
+    });
+  }
+
   absl::Status RecordDone(SlotId slot, uint64_t generation, void* cuda_stream) override {
     // Held across wait + record: two threads recording the same slot on different streams must
     // not both chain on the same older record.
