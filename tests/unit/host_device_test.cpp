@@ -672,7 +672,10 @@ TEST(HostDeviceTest, BadSizesAndRequestsAreRejected) {
                                ErrorKind::kAbsurdCount, {"8388609", "8388608"}));
   EXPECT_EQ(device->AllocateArena(~uint64_t{0}, "absurd").status().code(),
             absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(device->AllocateArena(8 * kMiB, "max").ok());
+  // The largest usable size leaves the zero tail inside the device's bound.
+  EXPECT_TRUE(device->AllocateArena(8 * kMiB - kArenaMinTail, "max").ok());
+  EXPECT_EQ(device->AllocateArena(8 * kMiB - kArenaMinTail + 1, "over").status().code(),
+            absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(device->AllocateStaging(0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(device->AllocateStaging(9 * kMiB).status().code(),
             absl::StatusCode::kResourceExhausted);
