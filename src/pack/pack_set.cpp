@@ -1,11 +1,5 @@
 #include "pack/pack_set.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -20,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "util/checked.h"
 #include "util/hash.h"
+#include "util/os_file.h"
 #include "util/status.h"
 
 namespace expertd {
@@ -34,29 +29,6 @@ constexpr auto kAgainBackoff = std::chrono::microseconds(100);
 // Short O_DIRECT reads that end before the wanted bytes while the file is still long enough.
 constexpr int kMaxStalls = 8;
 
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~UniqueFd() { Reset(); }
-  int get() const { return fd_; }
-  void Reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
 uint64_t AlignDown(uint64_t v, uint64_t a) { return v & ~(a - 1); }
 uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
 
@@ -64,20 +36,15 @@ uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
 
 class OpenPack {
  public:
-  ~OpenPack() {
-    if (map != nullptr) ::munmap(map, entry.size);
-  }
-
   std::string Name() const { return absl::StrCat("pack ", entry.label, " (", entry.path, ")"); }
 
   PackEntry entry;
   // The file as opened: what CheckFiles compares the path with, and what Reopen must find.
-  dev_t dev = 0;
-  ino_t ino = 0;
+  FileIdentity id;
   uint64_t fingerprint = 0;
-  UniqueFd fd;             // buffered descriptor: pread, fstat, and the mmap size check
-  UniqueFd direct_fd;      // O_DIRECT descriptor (method kDirect)
-  uint8_t* map = nullptr;  // whole-file mapping (method kMmap, non-empty file)
+  OsFile file;          // buffered: positional reads, the size, and the mapping's size check
+  OsFile direct;        // unbuffered (method kDirect)
+  FileMapping mapping;  // whole-file mapping (method kMmap, non-empty file)
   PackReadHook hook;
 
   mutable std::atomic<uint64_t> bytes_read{0};
@@ -108,8 +75,8 @@ absl::Status TruncatedError(const OpenPack& p, uint64_t at, uint64_t offset, uin
                                 " bytes at open: truncated since?)"));
 }
 
-// One primitive read attempt: `op` returns bytes, or -1 with errno. The test hook may replace
-// the result with an error or shorten it. Returns (bytes, 0) or (-1, errno).
+// One primitive read attempt: `op(&err)` returns bytes, or -1 with an errno value in err. The test
+// hook may replace the result with an error or shorten it. Returns (bytes, 0) or (-1, errno).
 struct AttemptResult {
   int64_t n = -1;
   int err = 0;
@@ -123,8 +90,9 @@ AttemptResult AttemptOnce(const OpenPack& p, uint64_t offset, uint64_t bytes, Op
     limit = p.hook(offset, bytes);
     if (limit < 0) return {-1, static_cast<int>(-limit)};
   }
-  const int64_t n = op();
-  if (n < 0) return {-1, errno};
+  int err = 0;
+  const int64_t n = op(&err);
+  if (n < 0) return {-1, err};
   return {std::min(n, limit), 0};
 }
 
@@ -162,10 +130,9 @@ absl::Status ReadPread(const OpenPack& p, const PackSetOptions& options, uint64_
     const uint64_t pos = offset + done;
     const uint64_t want = std::min<uint64_t>(out.size() - done, kMaxAttemptBytes);
     uint8_t* dst = out.data() + done;
-    ASSIGN_OR_RETURN(
-        const uint64_t n, Attempt(p, options, pos, want, [&] {
-          return static_cast<int64_t>(::pread(p.fd.get(), dst, want, static_cast<off_t>(pos)));
-        }));
+    ASSIGN_OR_RETURN(const uint64_t n, Attempt(p, options, pos, want, [&](int* err) {
+                       return p.file.ReadAt(pos, dst, want, err);
+                     }));
     if (n == 0) return TruncatedError(p, pos, offset, out.size());
     done += n;
   }
@@ -189,9 +156,8 @@ absl::Status ReadDirect(const OpenPack& p, const PackSetOptions& options, uint64
     const uint64_t remaining = end - pos;
     if (pos % a == 0 && reinterpret_cast<uintptr_t>(dst) % m == 0 && remaining >= a) {
       const uint64_t want = std::min(AlignDown(remaining, a), AlignDown(kMaxAttemptBytes, a));
-      ASSIGN_OR_RETURN(const uint64_t n, Attempt(p, options, pos, want, [&] {
-                         return static_cast<int64_t>(
-                             ::pread(p.direct_fd.get(), dst, want, static_cast<off_t>(pos)));
+      ASSIGN_OR_RETURN(const uint64_t n, Attempt(p, options, pos, want, [&](int* err) {
+                         return p.direct.ReadAt(pos, dst, want, err);
                        }));
       if (n == 0) return TruncatedError(p, pos, offset, out.size());
       pos += std::min(n, want);
@@ -204,16 +170,15 @@ absl::Status ReadDirect(const OpenPack& p, const PackSetOptions& options, uint64
       return absl::ResourceExhaustedError(
           absl::StrCat(p.Name(), ": no memory for a ", stop - start, "-byte bounce buffer"));
     }
-    ASSIGN_OR_RETURN(const uint64_t n, Attempt(p, options, start, stop - start, [&] {
-                       return static_cast<int64_t>(::pread(p.direct_fd.get(), bounce, stop - start,
-                                                           static_cast<off_t>(start)));
+    ASSIGN_OR_RETURN(const uint64_t n, Attempt(p, options, start, stop - start, [&](int* err) {
+                       return p.direct.ReadAt(start, bounce, stop - start, err);
                      }));
     if (start + n <= pos) {
       // Nothing new: the block before `pos` came back short. That is the end of the file when the
       // file no longer reaches `pos`; otherwise (an interrupted transfer) try again, boundedly.
-      struct stat st {};
-      if (n == 0 || (::fstat(p.fd.get(), &st) == 0 && static_cast<uint64_t>(st.st_size) <= pos) ||
-          ++stalls > kMaxStalls) {
+      int size_err = 0;
+      const int64_t now = p.file.Size(&size_err);
+      if (n == 0 || (now >= 0 && static_cast<uint64_t>(now) <= pos) || ++stalls > kMaxStalls) {
         return TruncatedError(p, pos, offset, out.size());
       }
       continue;
@@ -226,7 +191,8 @@ absl::Status ReadDirect(const OpenPack& p, const PackSetOptions& options, uint64
   return absl::OkStatus();
 }
 
-// A mapped file that shrinks raises SIGBUS on access to pages past its new end. The size is
+// A mapped file that shrinks raises SIGBUS on access to pages past its new end (Windows refuses
+// to shrink a mapped file). The size is
 // checked right before each copy, which catches truncation that happened earlier; truncation
 // racing with the copy itself remains a risk (docs/readers.md).
 absl::Status ReadMapped(const OpenPack& p, const PackSetOptions& options, uint64_t offset,
@@ -236,13 +202,13 @@ absl::Status ReadMapped(const OpenPack& p, const PackSetOptions& options, uint64
     const uint64_t pos = offset + done;
     const uint64_t want = out.size() - done;
     uint8_t* dst = out.data() + done;
-    ASSIGN_OR_RETURN(const uint64_t n, Attempt(p, options, pos, want, [&]() -> int64_t {
-                       struct stat st {};
-                       if (::fstat(p.fd.get(), &st) != 0) return -1;
-                       const auto now = static_cast<uint64_t>(st.st_size);
+    ASSIGN_OR_RETURN(const uint64_t n, Attempt(p, options, pos, want, [&](int* err) -> int64_t {
+                       const int64_t size = p.file.Size(err);
+                       if (size < 0) return -1;
+                       const auto now = static_cast<uint64_t>(size);
                        if (now <= pos) return 0;
                        const uint64_t k = std::min(want, now - pos);
-                       std::memcpy(dst, p.map + pos, k);
+                       std::memcpy(dst, p.mapping.data() + pos, k);
                        return static_cast<int64_t>(k);
                      }));
     if (n == 0) return TruncatedError(p, pos, offset, out.size());
@@ -251,33 +217,11 @@ absl::Status ReadMapped(const OpenPack& p, const PackSetOptions& options, uint64
   return absl::OkStatus();
 }
 
-struct DioAlign {
-  bool known = false;  // the kernel reported alignment for this file (statx STATX_DIOALIGN)
-  uint32_t mem = 0;    // 0 with known: the file does not support O_DIRECT
-  uint32_t offset = 0;
-};
-
-DioAlign QueryDioAlign(int fd) {
-  DioAlign out;
-#ifdef STATX_DIOALIGN  // kernel headers >= 6.1; older builds use the block-size fallback
-  struct statx stx {};
-  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 &&
-      (stx.stx_mask & STATX_DIOALIGN) != 0) {
-    out.known = true;
-    out.mem = stx.stx_dio_mem_align;
-    out.offset = stx.stx_dio_offset_align;
-  }
-#else
-  (void)fd;
-#endif
-  return out;
-}
-
 // Sets up O_DIRECT for `p`; returns a non-empty reason when the pack must fall back to pread.
-absl::StatusOr<std::string> SetUpDirect(OpenPack& p, const struct stat& st) {
-  const DioAlign dio = QueryDioAlign(p.fd.get());
+absl::StatusOr<std::string> SetUpDirect(OpenPack& p, const FileInfo& info) {
+  const DirectAlignment dio = p.file.QueryDirectAlignment();
   uint64_t mem = 4096;
-  uint64_t off = std::max<uint64_t>(4096, static_cast<uint64_t>(st.st_blksize));
+  uint64_t off = std::max<uint64_t>(4096, info.block_size);
   if (dio.known) {
     if (dio.offset == 0 || dio.mem == 0) return std::string("statx: no direct I/O on this file");
     mem = dio.mem;
@@ -286,13 +230,13 @@ absl::StatusOr<std::string> SetUpDirect(OpenPack& p, const struct stat& st) {
   if (!IsPowerOfTwo(mem) || !IsPowerOfTwo(off)) {
     return absl::StrCat("unusable direct I/O alignment ", mem, "/", off);
   }
-  const int dfd = ::open(p.entry.path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-  if (dfd < 0) {
-    const int err = errno;
+  int err = 0;
+  absl::StatusOr<OsFile> direct = OsFile::Open(p.entry.path, OsFile::Access::kReadDirect, &err);
+  if (!direct.ok()) {
     if (err == EINVAL) return std::string("open with O_DIRECT: EINVAL");
     return ErrnoError(ErrorKind::kIo, absl::StrCat(p.Name(), ": open with O_DIRECT"), err);
   }
-  p.direct_fd = UniqueFd(dfd);
+  p.direct = *std::move(direct);
   p.entry.dio_mem_align = static_cast<uint32_t>(mem);
   p.entry.dio_offset_align = static_cast<uint32_t>(off);
   if (p.entry.size == 0) return std::string();
@@ -300,10 +244,10 @@ absl::StatusOr<std::string> SetUpDirect(OpenPack& p, const struct stat& st) {
   ReadScratch probe;
   uint8_t* buf = probe.Get(off, mem);
   if (buf == nullptr) return absl::ResourceExhaustedError("no memory for the O_DIRECT probe");
-  auto op = [&] { return static_cast<int64_t>(::pread(dfd, buf, off, 0)); };
+  auto op = [&](int* read_err) { return p.direct.ReadAt(0, buf, off, read_err); };
   const AttemptResult r = AttemptOnce(p, 0, off, op);
   if (r.err == EINVAL) {
-    p.direct_fd.Reset();
+    p.direct.Close();
     return std::string("O_DIRECT read: EINVAL");
   }
   if (r.err != 0) {
@@ -317,14 +261,17 @@ absl::StatusOr<std::string> SetUpDirect(OpenPack& p, const struct stat& st) {
 // model file) and the size.
 constexpr uint64_t kFingerprintBytes = uint64_t{1} << 20;
 
-absl::StatusOr<uint64_t> Fingerprint(int fd, uint64_t size, const std::string& name) {
+absl::StatusOr<uint64_t> Fingerprint(const OsFile& file, uint64_t size, const std::string& name) {
   std::vector<uint8_t> head(std::min(size, kFingerprintBytes));
   uint64_t done = 0;
   while (done < head.size()) {
-    const ssize_t n = ::pread(fd, head.data() + done, head.size() - done, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoError(ErrorKind::kIo, absl::StrCat(name, ": read for its fingerprint"), errno);
-    if (n == 0) return DataError(ErrorKind::kTruncated, absl::StrCat(name, ": shorter than its size"));
+    int err = 0;
+    const int64_t n = file.ReadAt(done, head.data() + done, head.size() - done, &err);
+    if (n < 0 && err == EINTR) continue;
+    if (n < 0)
+      return ErrnoError(ErrorKind::kIo, absl::StrCat(name, ": read for its fingerprint"), err);
+    if (n == 0)
+      return DataError(ErrorKind::kTruncated, absl::StrCat(name, ": shorter than its size"));
     done += static_cast<uint64_t>(n);
   }
   return Xxh3(head) ^ (size * 0x9E3779B97F4A7C15ull);
@@ -352,19 +299,19 @@ absl::StatusOr<ReadMethod> ParseReadMethod(std::string_view name) {
                       absl::StrCat("unknown read method '", AV(name), "' (pread, direct, mmap)"));
 }
 
-ReadScratch::~ReadScratch() { std::free(data_); }
+ReadScratch::~ReadScratch() { AlignedFree(data_); }
 
 uint8_t* ReadScratch::Get(uint64_t bytes, uint64_t align) {
   if (data_ != nullptr && bytes <= bytes_ && align <= align_ &&
       reinterpret_cast<uintptr_t>(data_) % align == 0) {
     return data_;
   }
-  std::free(data_);
+  AlignedFree(data_);
   data_ = nullptr;
   bytes_ = 0;
-  void* p = nullptr;
   const uint64_t size = AlignUp(std::max<uint64_t>(bytes, 1), align);
-  if (::posix_memalign(&p, std::max<uint64_t>(align, sizeof(void*)), size) != 0) return nullptr;
+  void* p = AlignedAlloc(align, size);
+  if (p == nullptr) return nullptr;
   data_ = static_cast<uint8_t*>(p);
   bytes_ = size;
   align_ = align;
@@ -387,50 +334,46 @@ absl::Status PackSet::OpenOne(PackSpec spec) {
   p->entry.path = std::move(spec.path);
   p->entry.label = std::move(spec.label);
   p->hook = std::move(spec.test_hook);
-  const int fd = ::open(p->entry.path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return ErrnoError(ErrorKind::kMissingFile, absl::StrCat(p->Name(), ": cannot open"), errno);
+  int err = 0;
+  absl::StatusOr<OsFile> file = OsFile::Open(p->entry.path, OsFile::Access::kRead, &err);
+  if (!file.ok()) {
+    return ErrnoError(ErrorKind::kMissingFile, absl::StrCat(p->Name(), ": cannot open"), err);
   }
-  p->fd = UniqueFd(fd);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    return ErrnoError(ErrorKind::kIo, absl::StrCat(p->Name(), ": cannot stat"), errno);
+  p->file = *std::move(file);
+  absl::StatusOr<FileInfo> info = p->file.Info();
+  if (!info.ok()) {
+    return MakeError(info.status().code(), ErrorKind::kIo,
+                     absl::StrCat(p->Name(), ": cannot stat: ", info.status().message()));
   }
-  if (!S_ISREG(st.st_mode)) {
+  if (!info->regular) {
     return InvalidError(ErrorKind::kMissingFile, absl::StrCat(p->Name(), ": not a regular file"));
   }
-  p->entry.size = static_cast<uint64_t>(st.st_size);
-  p->dev = st.st_dev;
-  p->ino = st.st_ino;
-  ASSIGN_OR_RETURN(p->fingerprint, Fingerprint(fd, p->entry.size, p->Name()));
+  p->entry.size = info->size;
+  p->id = info->id;
+  ASSIGN_OR_RETURN(p->fingerprint, Fingerprint(p->file, p->entry.size, p->Name()));
 
   p->entry.requested = spec.method.value_or(options_.method);
   p->entry.method = p->entry.requested;
   if (p->entry.requested == ReadMethod::kDirect) {
-    ASSIGN_OR_RETURN(std::string why, SetUpDirect(*p, st));
+    ASSIGN_OR_RETURN(std::string why, SetUpDirect(*p, *info));
     if (!why.empty()) {
       p->entry.method = ReadMethod::kPread;
       p->entry.method_note = std::move(why);
       p->entry.dio_mem_align = p->entry.dio_offset_align = 0;
     }
   } else if (p->entry.requested == ReadMethod::kMmap && p->entry.size > 0) {
-    void* map = ::mmap(nullptr, p->entry.size, PROT_READ, MAP_SHARED, fd, 0);
-    if (map == MAP_FAILED) {
-      const int err = errno;
+    p->mapping = FileMapping::Map(p->file, p->entry.size, FileMapping::Kind::kReadShared, &err);
+    if (!p->mapping.valid()) {
       // ENODEV: the filesystem cannot map files, which is a missing feature, not a failure.
       if (err != ENODEV) return ErrnoError(ErrorKind::kIo, absl::StrCat(p->Name(), ": mmap"), err);
       p->entry.method = ReadMethod::kPread;
       p->entry.method_note = "mmap: ENODEV (the filesystem cannot map files)";
-    } else {
-      p->map = static_cast<uint8_t*>(map);
     }
   }
 
   p->syscalls.store(0, std::memory_order_relaxed);  // the O_DIRECT probe is not a pack read
 
-  const std::string group = spec.group.empty()
-                                ? absl::StrCat("dev:", major(st.st_dev), ":", minor(st.st_dev))
-                                : spec.group;
+  const std::string group = spec.group.empty() ? info->volume_group : spec.group;
   const auto id = static_cast<PackId>(packs_.size());
   auto it = std::find_if(groups_.begin(), groups_.end(),
                          [&](const SourceGroup& g) { return g.name == group; });
@@ -456,38 +399,35 @@ std::vector<PackId> PackSet::CheckFiles() const {
     const OpenPack& p = *packs_[id];
     if (p.failed.load(std::memory_order_acquire)) continue;
     absl::Status why;
-    struct stat at {};
-    struct stat open_st {};
-    dev_t dev;
-    ino_t ino;
+    FileIdentity opened;
     {
-      std::lock_guard lock(p.mu);  // Reopen changes them
-      dev = p.dev;
-      ino = p.ino;
+      std::lock_guard lock(p.mu);  // Reopen changes it
+      opened = p.id;
     }
-    if (::stat(p.entry.path.c_str(), &at) != 0) {
+    int err = 0;
+    int size_err = 0;
+    const absl::StatusOr<FileInfo> at = StatPath(p.entry.path, &err);
+    const int64_t size = at.ok() ? p.file.Size(&size_err) : -1;
+    if (!at.ok()) {
       why = ErrnoError(ErrorKind::kMissingFile,
-                       absl::StrCat(p.Name(), ": its path no longer names a file"), errno);
-    } else if (at.st_dev != dev || at.st_ino != ino) {
+                       absl::StrCat(p.Name(), ": its path no longer names a file"), err);
+    } else if (at->id != opened) {
       why = absl::FailedPreconditionError(absl::StrCat(
-          p.Name(), ": replaced since it was opened (inode ", at.st_ino, ", was ", ino,
+          p.Name(), ": replaced since it was opened (inode ", at->id.file, ", was ", opened.file,
           "); put the file back and reload (SIGHUP), or restart to serve the new one"));
-    } else if (::fstat(p.fd.get(), &open_st) == 0 &&
-               static_cast<uint64_t>(open_st.st_size) < p.entry.size) {
-      why = DataError(ErrorKind::kTruncated,
-                      absl::StrCat(p.Name(), ": truncated to ", open_st.st_size, " bytes (it had ",
-                                   p.entry.size, " at open); put the file back and reload (SIGHUP)"));
-    } else {
-      const int probe = ::open(p.entry.path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (probe < 0) {
-        // FAILED_PRECONDITION, like the other cases: the operator has to act (clients retry
-        // UNAVAILABLE, which would only make every acquire wait out its timeout).
-        why = MakeError(absl::StatusCode::kFailedPrecondition, ErrorKind::kIo,
-                        absl::StrCat(p.Name(), ": can no longer be opened: ", std::strerror(errno),
-                                     "; make it readable again and reload (SIGHUP)"));
-      } else {
-        ::close(probe);
-      }
+    } else if (size >= 0 && static_cast<uint64_t>(size) < p.entry.size) {
+      why =
+          DataError(ErrorKind::kTruncated,
+                    absl::StrCat(p.Name(), ": truncated to ", size, " bytes (it had ", p.entry.size,
+                                 " at open); put the file back and reload (SIGHUP)"));
+    } else if (absl::StatusOr<OsFile> probe =
+                   OsFile::Open(p.entry.path, OsFile::Access::kRead, &err);
+               !probe.ok()) {
+      // FAILED_PRECONDITION, like the other cases: the operator has to act (clients retry
+      // UNAVAILABLE, which would only make every acquire wait out its timeout).
+      why = MakeError(absl::StatusCode::kFailedPrecondition, ErrorKind::kIo,
+                      absl::StrCat(p.Name(), ": can no longer be opened: ", std::strerror(err),
+                                   "; make it readable again and reload (SIGHUP)"));
     }
     if (why.ok()) continue;
     MarkFailed(p, why);
@@ -502,37 +442,39 @@ absl::Status PackSet::Reopen(PackId id) {
   const auto refuse = [&](std::string_view why) {
     return absl::FailedPreconditionError(absl::StrCat(p.Name(), ": not served again: ", AV(why)));
   };
-  UniqueFd fd(::open(p.entry.path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return refuse(absl::StrCat("cannot open it: ", std::strerror(errno)));
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return refuse("not a regular file");
-  if (static_cast<uint64_t>(st.st_size) != p.entry.size) {
-    return refuse(absl::StrCat("it has ", st.st_size, " bytes, the file served had ",
-                               p.entry.size, "; restart the daemon to serve another file"));
+  int err = 0;
+  absl::StatusOr<OsFile> file = OsFile::Open(p.entry.path, OsFile::Access::kRead, &err);
+  if (!file.ok()) return refuse(absl::StrCat("cannot open it: ", std::strerror(err)));
+  const absl::StatusOr<FileInfo> info = file->Info();
+  if (!info.ok() || !info->regular) return refuse("not a regular file");
+  if (info->size != p.entry.size) {
+    return refuse(absl::StrCat("it has ", info->size, " bytes, the file served had ", p.entry.size,
+                               "; restart the daemon to serve another file"));
   }
-  absl::StatusOr<uint64_t> fp = Fingerprint(fd.get(), p.entry.size, p.Name());
+  absl::StatusOr<uint64_t> fp = Fingerprint(*file, p.entry.size, p.Name());
   if (!fp.ok()) return refuse(std::string(fp.status().message()));
   if (*fp != p.fingerprint) {
-    return refuse("its first MiB differs from the file served: another file; restart the "
-                  "daemon to serve it");
+    return refuse(
+        "its first MiB differs from the file served: another file; restart the "
+        "daemon to serve it");
   }
-  UniqueFd direct;
-  if (p.direct_fd.get() >= 0) {
-    direct = UniqueFd(::open(p.entry.path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT));
-    if (direct.get() < 0) return refuse(absl::StrCat("O_DIRECT open: ", std::strerror(errno)));
+  OsFile direct;
+  if (p.direct.valid()) {
+    absl::StatusOr<OsFile> opened = OsFile::Open(p.entry.path, OsFile::Access::kReadDirect, &err);
+    if (!opened.ok()) return refuse(absl::StrCat("O_DIRECT open: ", std::strerror(err)));
+    direct = *std::move(opened);
   }
-  if (p.map != nullptr &&
-      ::mmap(p.map, p.entry.size, PROT_READ, MAP_SHARED | MAP_FIXED, fd.get(), 0) == MAP_FAILED) {
-    return refuse(absl::StrCat("mmap: ", std::strerror(errno)));
+  if (p.mapping.valid()) {
+    if (const int map_err = p.mapping.RemapInPlace(*file); map_err != 0) {
+      return refuse(absl::StrCat("mmap: ", std::strerror(map_err)));
+    }
   }
-  // Readers use the descriptor numbers concurrently: dup2 swaps the file under them at once.
-  if (::dup2(fd.get(), p.fd.get()) < 0 ||
-      (direct.get() >= 0 && ::dup2(direct.get(), p.direct_fd.get()) < 0)) {
-    return refuse(absl::StrCat("dup2: ", std::strerror(errno)));
-  }
+  // Readers use the handles concurrently: ReplaceWith swaps the file under them at once.
+  int swap_err = p.file.ReplaceWith(*std::move(file));
+  if (swap_err == 0 && direct.valid()) swap_err = p.direct.ReplaceWith(std::move(direct));
+  if (swap_err != 0) return refuse(absl::StrCat("dup2: ", std::strerror(swap_err)));
   std::lock_guard lock(p.mu);
-  p.dev = st.st_dev;
-  p.ino = st.st_ino;
+  p.id = info->id;
   p.failure = absl::OkStatus();
   p.failed.store(false, std::memory_order_release);
   return absl::OkStatus();
@@ -542,39 +484,24 @@ bool PackSet::failed(PackId id) const {
   return packs_.at(id)->failed.load(std::memory_order_acquire);
 }
 
-PrivateMapping::PrivateMapping(PrivateMapping&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-
-PrivateMapping& PrivateMapping::operator=(PrivateMapping&& other) noexcept {
-  if (this != &other) {
-    if (data_ != nullptr) ::munmap(data_, bytes_);
-    data_ = std::exchange(other.data_, nullptr);
-    bytes_ = std::exchange(other.bytes_, 0);
-  }
-  return *this;
-}
-
-PrivateMapping::~PrivateMapping() {
-  if (data_ != nullptr) ::munmap(data_, bytes_);
-}
-
 absl::StatusOr<PrivateMapping> PackSet::MapPrivate(PackId id) const {
   const OpenPack& p = *packs_.at(id);
-  if (p.map == nullptr) {
+  if (!p.mapping.valid()) {
     return absl::FailedPreconditionError(
         absl::StrCat(p.Name(), ": only a pack read with mmap has a mapping to register"));
   }
-  void* map = ::mmap(nullptr, p.entry.size, PROT_READ | PROT_WRITE, MAP_PRIVATE, p.fd.get(), 0);
-  if (map == MAP_FAILED) {
-    return ErrnoError(ErrorKind::kIo, absl::StrCat(p.Name(), ": private mmap"), errno);
+  int err = 0;
+  FileMapping map = FileMapping::Map(p.file, p.entry.size, FileMapping::Kind::kPrivateWrite, &err);
+  if (!map.valid()) {
+    return ErrnoError(ErrorKind::kIo, absl::StrCat(p.Name(), ": private mmap"), err);
   }
-  return PrivateMapping(static_cast<uint8_t*>(map), p.entry.size);
+  return PrivateMapping(std::move(map));
 }
 
 std::span<const uint8_t> PackSet::mapping(PackId id) const {
   const OpenPack& p = *packs_.at(id);
-  if (p.map == nullptr) return {};
-  return {p.map, p.entry.size};
+  if (!p.mapping.valid()) return {};
+  return {p.mapping.data(), p.entry.size};
 }
 
 PackStats PackSet::stats(PackId id) const {

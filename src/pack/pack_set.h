@@ -18,10 +18,12 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "util/os_file.h"
 
 namespace expertd {
 
@@ -55,7 +57,8 @@ using PackReadHook = std::function<int64_t(uint64_t offset, uint64_t bytes)>;
 struct PackSpec {
   std::string path;
   std::string label;  // short name used in messages and statistics ("P", "P2/3", "Q1" ...)
-  // Source group name. Empty: grouped by the underlying device (st_dev), named "dev:MAJ:MIN".
+  // Source group name. Empty: grouped by the underlying device (st_dev), named "dev:MAJ:MIN"
+  // (on Windows by volume, "vol:SERIAL": FileInfo::volume_group).
   // Packs with the same name share one group; naming a pack "dev:8:0" joins that device group.
   std::string group;
   std::optional<ReadMethod> method;  // overrides PackSetOptions::method for this pack
@@ -122,22 +125,17 @@ class ReadScratch {
 
 // The open packs. Immutable after Open except for counters, the failed marks and Reopen (which
 // swaps a failed pack's file in place under the same descriptor numbers and mapping address),
-// so all const methods may be called from any thread. Owns every file descriptor and mapping; must outlive
-// the reader pools that read from it.
-// A private writable mapping of a whole pack (PackSet::MapPrivate), unmapped when destroyed.
-// Move-only.
+// so all const methods may be called from any thread. Owns every file descriptor and mapping; must
+// outlive the reader pools that read from it. A private writable mapping of a whole pack
+// (PackSet::MapPrivate), unmapped when destroyed. Move-only.
 class PrivateMapping {
  public:
   PrivateMapping() = default;
-  PrivateMapping(uint8_t* data, uint64_t bytes) : data_(data), bytes_(bytes) {}
-  PrivateMapping(PrivateMapping&& other) noexcept;
-  PrivateMapping& operator=(PrivateMapping&& other) noexcept;
-  ~PrivateMapping();
-  std::span<uint8_t> data() const { return {data_, bytes_}; }
+  explicit PrivateMapping(FileMapping mapping) : mapping_(std::move(mapping)) {}
+  std::span<uint8_t> data() const { return {mapping_.data(), mapping_.bytes()}; }
 
  private:
-  uint8_t* data_ = nullptr;
-  uint64_t bytes_ = 0;
+  FileMapping mapping_;
 };
 
 class PackSet {
@@ -179,7 +177,8 @@ class PackSet {
   std::vector<PackId> CheckFiles() const;
   // A failed pack, once its file is back: opens its path again and, when the file there has
   // the size and the fingerprint (a hash of its first MiB) of the one opened at first, serves
-  // from it (the descriptors are swapped in place with dup2, a mapping with MAP_FIXED) and
+  // from it (the handles are swapped in place, OsFile::ReplaceWith; a mapping with
+  // FileMapping::RemapInPlace) and
   // clears the failure. FailedPrecondition, naming the pack, when the file is not back or is
   // another one; the pack then stays failed.
   absl::Status Reopen(PackId id);

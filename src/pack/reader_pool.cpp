@@ -1,7 +1,5 @@
 #include "pack/reader_pool.h"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
@@ -10,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "util/os_file.h"
 #include "util/status.h"
 
 namespace expertd {
@@ -109,7 +108,7 @@ class ReaderPool {
  private:
   void Loop() {
     // Thread names show the group in top/perf; Linux limits them to 15 characters.
-    pthread_setname_np(pthread_self(), absl::StrCat("rd ", name_).substr(0, 15).c_str());
+    SetCurrentThreadName(absl::StrCat("rd ", name_));
     ReadScratch scratch;
     for (;;) {
       JobPart part;

@@ -1,9 +1,5 @@
 #include "util/file.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <utility>
 
@@ -13,50 +9,30 @@
 namespace expertd {
 
 absl::StatusOr<ReadFile> ReadFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(ErrorKind::kMissingFile, absl::StrCat("cannot open ", path), errno);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoError(ErrorKind::kIo, absl::StrCat("cannot stat ", path), err);
+  ASSIGN_OR_RETURN(OsFile file, OsFile::Open(path, OsFile::Access::kRead));
+  absl::StatusOr<FileInfo> info = file.Info();
+  if (!info.ok()) {
+    return MakeError(info.status().code(), ErrorKind::kIo,
+                     absl::StrCat("cannot stat ", path, ": ", info.status().message()));
   }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
+  if (!info->regular) {
     return InvalidError(ErrorKind::kMissingFile, absl::StrCat(path, ": not a regular file"));
   }
-  return ReadFile(path, fd, static_cast<uint64_t>(st.st_size));
+  return ReadFile(path, std::move(file), info->size);
 }
 
-ReadFile::ReadFile(std::string path, int fd, uint64_t size)
-    : path_(std::move(path)), fd_(fd), size_(size) {}
-
-ReadFile::ReadFile(ReadFile&& other) noexcept
-    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), size_(other.size_) {}
-
-ReadFile& ReadFile::operator=(ReadFile&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    path_ = std::move(other.path_);
-    fd_ = std::exchange(other.fd_, -1);
-    size_ = other.size_;
-  }
-  return *this;
-}
-
-ReadFile::~ReadFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
+ReadFile::ReadFile(std::string path, OsFile file, uint64_t size)
+    : path_(std::move(path)), file_(std::move(file)), size_(size) {}
 
 absl::Status ReadFile::ReadAt(uint64_t offset, std::span<uint8_t> out) const {
   size_t done = 0;
   while (done < out.size()) {
-    const ssize_t n = ::pread(fd_, out.data() + done, out.size() - done,
-                              static_cast<off_t>(offset + done));
+    int err = 0;
+    const int64_t n = file_.ReadAt(offset + done, out.data() + done, out.size() - done, &err);
     if (n < 0) {
-      if (errno == EINTR) continue;
+      if (err == EINTR) continue;
       return ErrnoError(ErrorKind::kIo, absl::StrCat("read ", path_, " at byte ", offset + done),
-                        errno);
+                        err);
     }
     if (n == 0) {
       return DataError(ErrorKind::kTruncated,
@@ -69,41 +45,22 @@ absl::Status ReadFile::ReadAt(uint64_t offset, std::span<uint8_t> out) const {
 }
 
 absl::StatusOr<WriteFile> WriteFile::Create(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError(ErrorKind::kIo, absl::StrCat("cannot create ", path), errno);
-  return WriteFile(path, fd);
+  ASSIGN_OR_RETURN(OsFile file, OsFile::Open(path, OsFile::Access::kWrite));
+  return WriteFile(path, std::move(file));
 }
 
-WriteFile::WriteFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
-
-WriteFile::WriteFile(WriteFile&& other) noexcept
-    : path_(std::move(other.path_)),
-      fd_(std::exchange(other.fd_, -1)),
-      written_(other.written_) {}
-
-WriteFile& WriteFile::operator=(WriteFile&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    path_ = std::move(other.path_);
-    fd_ = std::exchange(other.fd_, -1);
-    written_ = other.written_;
-  }
-  return *this;
-}
-
-WriteFile::~WriteFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
+WriteFile::WriteFile(std::string path, OsFile file)
+    : path_(std::move(path)), file_(std::move(file)) {}
 
 absl::Status WriteFile::WriteAt(uint64_t offset, std::span<const uint8_t> bytes) {
   size_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t n = ::pwrite(fd_, bytes.data() + done, bytes.size() - done,
-                               static_cast<off_t>(offset + done));
+    int err = 0;
+    const int64_t n = file_.WriteAt(offset + done, bytes.data() + done, bytes.size() - done, &err);
     if (n < 0) {
-      if (errno == EINTR) continue;
+      if (err == EINTR) continue;
       return ErrnoError(ErrorKind::kIo, absl::StrCat("write ", path_, " at byte ", offset + done),
-                        errno);
+                        err);
     }
     done += static_cast<size_t>(n);
   }
@@ -114,14 +71,15 @@ absl::Status WriteFile::WriteAt(uint64_t offset, std::span<const uint8_t> bytes)
 absl::Status WriteFile::Append(std::span<const uint8_t> bytes) { return WriteAt(written_, bytes); }
 
 absl::Status WriteFile::Close() {
-  if (fd_ < 0) return absl::OkStatus();
-  const int fd = std::exchange(fd_, -1);
-  if (::fsync(fd) != 0 && errno != EINVAL) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoError(ErrorKind::kIo, absl::StrCat("fsync ", path_), err);
+  if (!file_.valid()) return absl::OkStatus();
+  const int sync = file_.Sync();
+  if (sync != 0 && sync != EINVAL) {
+    file_.Close();
+    return ErrnoError(ErrorKind::kIo, absl::StrCat("fsync ", path_), sync);
   }
-  if (::close(fd) != 0) return ErrnoError(ErrorKind::kIo, absl::StrCat("close ", path_), errno);
+  if (const int err = file_.Close(); err != 0) {
+    return ErrnoError(ErrorKind::kIo, absl::StrCat("close ", path_), err);
+  }
   return absl::OkStatus();
 }
 
@@ -146,14 +104,11 @@ absl::Status WriteTextFileAtomic(const std::string& path, std::string_view text)
   {
     absl::StatusOr<WriteFile> file = WriteFile::Create(tmp);
     if (!file.ok()) return file.status();
-    RETURN_IF_ERROR(file->Append(
-        std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size())));
+    RETURN_IF_ERROR(
+        file->Append(std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size())));
     RETURN_IF_ERROR(file->Close());
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return ErrnoError(ErrorKind::kIo, absl::StrCat("rename ", tmp, " to ", path), errno);
-  }
-  return absl::OkStatus();
+  return RenameReplacing(tmp, path);
 }
 
 }  // namespace expertd

@@ -1,4 +1,4 @@
-// Move-only owners of file descriptors with the few operations the packs and tools need.
+// Whole-file reads and writes for the formats and tools, over the platform seam (util/os_file.h).
 #pragma once
 
 #include <cstdint>
@@ -6,32 +6,26 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "util/os_file.h"
 
 namespace expertd {
 
-// A read-only file opened with O_CLOEXEC. Reads use pread, so one ReadFile may be shared by
-// threads. Errors name the path.
+// A read-only file. Reads are positional, so one ReadFile may be shared by threads. Errors
+// name the path.
 class ReadFile {
  public:
   static absl::StatusOr<ReadFile> Open(const std::string& path);
 
-  ReadFile(ReadFile&& other) noexcept;
-  ReadFile& operator=(ReadFile&& other) noexcept;
-  ReadFile(const ReadFile&) = delete;
-  ReadFile& operator=(const ReadFile&) = delete;
-  ~ReadFile();
-
   const std::string& path() const { return path_; }
   uint64_t size() const { return size_; }
-  int fd() const { return fd_; }
 
   // Reads exactly out.size() bytes at `offset`; a short read (end of file) is kTruncated.
   absl::Status ReadAt(uint64_t offset, std::span<uint8_t> out) const;
 
  private:
-  ReadFile(std::string path, int fd, uint64_t size);
+  ReadFile(std::string path, OsFile file, uint64_t size);
   std::string path_;
-  int fd_ = -1;
+  OsFile file_;
   uint64_t size_ = 0;
 };
 
@@ -41,12 +35,6 @@ class WriteFile {
  public:
   static absl::StatusOr<WriteFile> Create(const std::string& path);
 
-  WriteFile(WriteFile&& other) noexcept;
-  WriteFile& operator=(WriteFile&& other) noexcept;
-  WriteFile(const WriteFile&) = delete;
-  WriteFile& operator=(const WriteFile&) = delete;
-  ~WriteFile();
-
   const std::string& path() const { return path_; }
   // Appends all bytes at the current end; the offset they landed at is `written()` before.
   absl::Status Append(std::span<const uint8_t> bytes);
@@ -55,9 +43,9 @@ class WriteFile {
   absl::Status Close();
 
  private:
-  WriteFile(std::string path, int fd);
+  WriteFile(std::string path, OsFile file);
   std::string path_;
-  int fd_ = -1;
+  OsFile file_;
   uint64_t written_ = 0;
 };
 

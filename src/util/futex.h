@@ -1,6 +1,7 @@
-// Cross-process wait and wake on a 32-bit word in shared memory (Linux futex, shared — not
-// FUTEX_PRIVATE — so a waiter and a waker in different processes that map the same page meet),
-// and the spin-loop hint. Used by the host device's fence words and the session lanes.
+// Cross-process wait and wake on a 32-bit word in shared memory, and the spin-loop hint. Used by
+// the host device's fence words and the session lanes. Linux (futex.cpp): a shared futex — not
+// FUTEX_PRIVATE — so a waiter and a waker in different processes that map the same page meet.
+// Windows (futex_win32.cpp): WaitOnAddress, in slices of 1 ms for wakers in other processes.
 #pragma once
 
 #include <cstdint>
