@@ -113,7 +113,8 @@ size_t SplitSpaces(std::string_view text, std::span<std::string_view> out) {
 std::string ResolvePackPath(const std::string& index_path, std::string_view pack_path) {
   const std::filesystem::path path(pack_path);
   if (path.is_absolute()) return std::string(pack_path);
-  return (std::filesystem::path(index_path).parent_path() / path).string();
+  // In the platform's own separators: on Windows C:\m\rel\c.pack rather than C:\m\rel/c.pack.
+  return (std::filesystem::path(index_path).parent_path() / path).make_preferred().string();
 }
 
 // What a parse produces; moved into the ExpertIndex once complete.

@@ -122,6 +122,9 @@ absl::StatusOr<OsFile> OsFile::Open(const std::string& path, Access access, int*
   DWORD flags = FILE_FLAG_OVERLAPPED;
   switch (access) {
     case Access::kRead:
+      // Lets a directory open as it does on POSIX, so the caller's Info() check reports "not a
+      // regular file" instead of an access error.
+      flags |= FILE_FLAG_BACKUP_SEMANTICS;
       break;
     case Access::kReadDirect:
       flags |= FILE_FLAG_NO_BUFFERING;

@@ -1,23 +1,39 @@
 #include "support/test_support.h"
 
-#include <cstdlib>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 namespace expertd::testing {
 
 TempDir::TempDir() {
-  std::string pattern = (std::filesystem::temp_directory_path() / "expertd-test-XXXXXX").string();
-  if (::mkdtemp(pattern.data()) == nullptr) {
-    ADD_FAILURE() << "mkdtemp failed for " << pattern;
+  // A random name, created exclusively (create_directory is false when it already exists), so
+  // parallel test processes never share one.
+  std::random_device random;
+  std::error_code error;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "expertd-test-%08x%08x", random(), random());
+    const std::filesystem::path candidate = std::filesystem::temp_directory_path() / name;
+    if (std::filesystem::create_directory(candidate, error)) {
+      path_ = candidate.string();
+      return;
+    }
+    if (error) break;
   }
-  path_ = pattern;
+  ADD_FAILURE() << "cannot create a directory under " << std::filesystem::temp_directory_path()
+                << ": " << error.message();
 }
 
 TempDir::~TempDir() {
   std::error_code ignored;
   std::filesystem::remove_all(path_, ignored);
+}
+
+std::string TempDir::File(std::string_view name) const {
+  return (std::filesystem::path(path_) / name).make_preferred().string();
 }
 
 std::string SharedDataDir() {

@@ -20,7 +20,8 @@ class TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   const std::string& path() const { return path_; }
-  std::string File(std::string_view name) const { return path_ + "/" + std::string(name); }
+  // path()/name in the platform's separators ('\\' on Windows, as the code under test joins).
+  std::string File(std::string_view name) const;
 
  private:
   std::string path_;

@@ -13,6 +13,12 @@
 namespace expertd {
 namespace {
 
+// A path in the platform's separators, as the index resolves pack paths ("/m/q.pack" is
+// \m\q.pack on Windows: rooted on the index's drive).
+std::string Native(const std::string& path) {
+  return std::filesystem::path(path).make_preferred().string();
+}
+
 using ::expertd::testing::IsError;
 using ::expertd::testing::TempDir;
 using ::expertd::testing::WriteFile;
@@ -62,11 +68,11 @@ TEST_F(IndexV2Test, ParsesPacksAndRows) {
   ASSERT_EQ(index->packs().size(), 2u);
   EXPECT_EQ(index->packs()[0].id, 7);
   EXPECT_EQ(index->packs()[0].label, "Q8 hot");
-  EXPECT_EQ(index->packs()[0].path, "/abs/q.pack");
+  EXPECT_EQ(index->packs()[0].path, Native("/abs/q.pack"));
   EXPECT_EQ(index->packs()[0].line, 4);
   EXPECT_EQ(index->packs()[0].size, 0u);  // packs not checked
   EXPECT_EQ(index->packs()[1].id, -2);
-  EXPECT_EQ(index->packs()[1].path, "/models/m/rel/c.pack");
+  EXPECT_EQ(index->packs()[1].path, Native("/models/m/rel/c.pack"));
   ASSERT_EQ(index->rows().size(), 3u);
   const IndexRow& r = index->rows()[1];
   EXPECT_EQ(r.tensor, kUp);
@@ -102,7 +108,7 @@ TEST_F(IndexV2Test, CrlfLineEnds) {
   absl::StatusOr<ExpertIndex> index = ExpertIndex::Parse(text, "idx.txt", NoPacks());
   ASSERT_TRUE(index.ok()) << index.status();
   EXPECT_EQ(index->version(), 2);
-  EXPECT_EQ(index->packs()[0].path, "/x/p.bin");
+  EXPECT_EQ(index->packs()[0].path, Native("/x/p.bin"));
   ASSERT_EQ(index->rows().size(), 1u);
   EXPECT_EQ(index->rows()[0].bytes, 8u);
   EXPECT_EQ(index->rows()[0].line, 4);
@@ -119,7 +125,7 @@ TEST_F(IndexV2Test, RelativePackPathResolvedAgainstIndexFolder) {
   absl::StatusOr<ExpertIndex> index = ExpertIndex::Read(index_path, IndexOptions{});
   ASSERT_TRUE(index.ok()) << index.status();
   EXPECT_TRUE(std::filesystem::equivalent(index->packs()[0].path, pack));
-  EXPECT_EQ(index->packs()[0].path, dir_.File("sub") + "/packs/a.bin");
+  EXPECT_EQ(index->packs()[0].path, dir_.File("sub/packs/a.bin"));
   EXPECT_EQ(index->packs()[1].path, abs_pack);
   EXPECT_EQ(index->packs()[0].size, 64u);
   EXPECT_EQ(index->packs()[1].size, 32u);
@@ -346,7 +352,7 @@ TEST_F(IndexV1Test, ParsesRows) {
   ASSERT_EQ(index->packs().size(), 1u);
   EXPECT_EQ(index->packs()[0].id, 0);
   EXPECT_EQ(index->packs()[0].label, "legacy-Q");
-  EXPECT_EQ(index->packs()[0].path, "/m/q.pack");
+  EXPECT_EQ(index->packs()[0].path, Native("/m/q.pack"));
   EXPECT_EQ(index->packs()[0].line, 0);
   ASSERT_EQ(index->v1_rows().size(), 2u);
   const IndexV1Row& r = index->v1_rows()[0];

@@ -2,10 +2,7 @@
 // groups, shutdown) and faults injected through the packs' test hook (EIO, EINTR, short reads).
 #include "pack/reader_pool.h"
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>

@@ -1,6 +1,5 @@
 // Packs (docs/readers.md): the conformance suite runs the same cases on every read method
-// against a plain pread + memcpy oracle; then opening packs: files, groups, methods, bounds.
-#include <fcntl.h>
+// against a plain whole-file read + memcpy oracle; then opening packs: files, groups, methods, bounds.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -32,6 +31,40 @@ using ::expertd::testing::IsError;
 using ::expertd::testing::TempDir;
 using ::expertd::testing::WriteFile;
 using namespace ::expertd::reader_test;  // NOLINT(google-build-using-namespace): shared helpers
+
+// What the platform does differently, for the few tests that see it. Windows names a file
+// system's group by its volume, refuses to shrink a file while a view of it is mapped
+// (ERROR_USER_MAPPED_FILE), and to rename another file over one that is open.
+#ifdef _WIN32
+constexpr std::string_view kFileSystemGroupPrefix = "vol:";
+constexpr bool MappedFilesCannotShrink() { return true; }
+constexpr bool OpenFilesCanBeReplaced() { return false; }
+// Windows 10 on NTFS removes the name at once (POSIX delete semantics); wine, like older
+// Windows, keeps it, delete-pending, until the file's last handle closes.
+constexpr bool RemovedNamesVanishAtOnce() { return false; }
+#else
+constexpr std::string_view kFileSystemGroupPrefix = "dev:";
+constexpr bool MappedFilesCannotShrink() { return false; }
+constexpr bool OpenFilesCanBeReplaced() { return true; }
+constexpr bool RemovedNamesVanishAtOnce() { return true; }
+#endif
+
+// Truncates (or extends) in place; false with the reason printed when the OS refuses.
+bool Shrink(const std::string& path, uint64_t size) {
+  std::error_code error;
+  std::filesystem::resize_file(path, size, error);
+  if (error) std::printf("resize %s to %llu: %s\n", path.c_str(),
+                         static_cast<unsigned long long>(size), error.message().c_str());
+  return !error;
+}
+
+// Renames `from` over `to` (a new file under the old name).
+bool Replace(const std::string& from, const std::string& to) {
+  std::error_code error;
+  std::filesystem::rename(from, to, error);
+  if (error) std::printf("rename %s over %s: %s\n", from.c_str(), to.c_str(), error.message().c_str());
+  return !error;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Conformance: every method against the oracle.
@@ -251,8 +284,15 @@ TEST_P(ReaderConformance, TruncatedAfterOpen) {
   absl::StatusOr<std::unique_ptr<PackSet>> set = OpenOne(path);
   ASSERT_TRUE(set.ok()) << set.status();
   if (FellBack(**set)) GTEST_SKIP() << reason_;
-  ASSERT_EQ(::truncate(path.c_str(), 300007), 0);
   std::vector<uint8_t> buf(8192);
+  if (MappedFilesCannotShrink() && GetParam() == ReadMethod::kMmap) {
+    // The OS keeps the mapped bytes: the file cannot be cut from under the reader.
+    EXPECT_FALSE(Shrink(path, 300007));
+    ASSERT_TRUE((*set)->Read(0, 524288, std::span(buf.data(), 4096)).ok());
+    EXPECT_EQ(AsString(buf.data(), 4096), oracle.Range(524288, 4096));
+    return;
+  }
+  ASSERT_TRUE(Shrink(path, 300007));
   EXPECT_TRUE(IsError((*set)->Read(0, 524288, std::span(buf.data(), 4096)),
                       absl::StatusCode::kDataLoss, ErrorKind::kTruncated,
                       {path, "524288", "truncated"}));
@@ -301,49 +341,70 @@ TEST_P(ReaderConformance, FilesChangedUnderTheSetAreNoticedAndReopened) {
   EXPECT_TRUE(packs.CheckFiles().empty());
   EXPECT_TRUE(read_ok(size - 8192));
 
-  // Truncated in place.
-  ASSERT_EQ(truncate(path.c_str(), size / 2), 0);
-  EXPECT_EQ(packs.CheckFiles(), std::vector<PackId>{0});
-  EXPECT_TRUE(packs.failed(0));
-  EXPECT_NE(packs.failure(0).message().find("truncated to"), std::string::npos) << packs.failure(0);
-  EXPECT_NE(packs.failure(0).message().find(path), std::string::npos);
-  // Never UNAVAILABLE: clients retry that code (no slot free) until their timeout.
-  EXPECT_NE(packs.failure(0).code(), absl::StatusCode::kUnavailable) << packs.failure(0);
-  absl::Status st = packs.Read(0, 0, std::span<uint8_t>(buf));  // even below the cut
-  EXPECT_EQ(st, packs.failure(0));
-  EXPECT_TRUE(packs.CheckFiles().empty());  // reported once
-  EXPECT_FALSE(packs.Reopen(0).ok());        // not back yet: still short
-  WriteFile(path, original);                 // back, in place
-  ASSERT_TRUE(packs.Reopen(0).ok());
-  EXPECT_FALSE(packs.failed(0));
-  EXPECT_TRUE(read_ok(size - 8192));
-  EXPECT_TRUE(packs.CheckFiles().empty());
+  // Truncated in place (refused on Windows while the pack is mapped: served intact instead).
+  if (MappedFilesCannotShrink() && GetParam() == ReadMethod::kMmap) {
+    EXPECT_FALSE(Shrink(path, size / 2));
+    EXPECT_TRUE(packs.CheckFiles().empty());
+    EXPECT_TRUE(read_ok(size - 8192));
+  } else {
+    ASSERT_TRUE(Shrink(path, size / 2));
+    EXPECT_EQ(packs.CheckFiles(), std::vector<PackId>{0});
+    EXPECT_TRUE(packs.failed(0));
+    EXPECT_NE(packs.failure(0).message().find("truncated to"), std::string::npos)
+        << packs.failure(0);
+    EXPECT_NE(packs.failure(0).message().find(path), std::string::npos);
+    // Never UNAVAILABLE: clients retry that code (no slot free) until their timeout.
+    EXPECT_NE(packs.failure(0).code(), absl::StatusCode::kUnavailable) << packs.failure(0);
+    absl::Status st = packs.Read(0, 0, std::span<uint8_t>(buf));  // even below the cut
+    EXPECT_EQ(st, packs.failure(0));
+    EXPECT_TRUE(packs.CheckFiles().empty());  // reported once
+    EXPECT_FALSE(packs.Reopen(0).ok());        // not back yet: still short
+    WriteFile(path, original);                 // back, in place
+    ASSERT_TRUE(packs.Reopen(0).ok());
+    EXPECT_FALSE(packs.failed(0));
+    EXPECT_TRUE(read_ok(size - 8192));
+    EXPECT_TRUE(packs.CheckFiles().empty());
+  }
 
-  // Replaced by a new file (a new inode) with the same bytes: noticed, and served again.
+  // Replaced by a new file (a new inode) with the same bytes: noticed, and served again. Windows
+  // refuses to rename over a file that is open: then the pack is served intact.
   const std::string copy = dir_.File("copy.bin");
   WriteFile(copy, original);
-  ASSERT_EQ(rename(copy.c_str(), path.c_str()), 0);
-  EXPECT_EQ(packs.CheckFiles(), std::vector<PackId>{0});
-  EXPECT_NE(packs.failure(0).message().find("replaced"), std::string::npos) << packs.failure(0);
-  ASSERT_TRUE(packs.Reopen(0).ok());
-  EXPECT_TRUE(read_ok(4096));
-  EXPECT_TRUE(packs.CheckFiles().empty());  // the new inode is the one served now
+  if (!OpenFilesCanBeReplaced()) {
+    EXPECT_FALSE(Replace(copy, path));
+    EXPECT_TRUE(packs.CheckFiles().empty());
+    EXPECT_TRUE(read_ok(4096));
+  } else {
+    ASSERT_TRUE(Replace(copy, path));
+    EXPECT_EQ(packs.CheckFiles(), std::vector<PackId>{0});
+    EXPECT_NE(packs.failure(0).message().find("replaced"), std::string::npos)
+        << packs.failure(0);
+    ASSERT_TRUE(packs.Reopen(0).ok());
+    EXPECT_TRUE(read_ok(4096));
+    EXPECT_TRUE(packs.CheckFiles().empty());  // the new inode is the one served now
 
-  // Another file of the same size, or of another size: never served in its place.
-  WriteFile(copy, Content(size, 12));
-  ASSERT_EQ(rename(copy.c_str(), path.c_str()), 0);
-  EXPECT_EQ(packs.CheckFiles(), std::vector<PackId>{0});
-  absl::Status other = packs.Reopen(0);
-  EXPECT_NE(other.message().find("another file"), std::string::npos) << other;
-  WriteFile(path, original + "x");
-  other = packs.Reopen(0);
-  EXPECT_NE(other.message().find("bytes"), std::string::npos) << other;
-  EXPECT_TRUE(packs.failed(0));
+    // Another file of the same size, or of another size: never served in its place.
+    WriteFile(copy, Content(size, 12));
+    ASSERT_TRUE(Replace(copy, path));
+    EXPECT_EQ(packs.CheckFiles(), std::vector<PackId>{0});
+    absl::Status other = packs.Reopen(0);
+    EXPECT_NE(other.message().find("another file"), std::string::npos) << other;
+    WriteFile(path, original + "x");
+    other = packs.Reopen(0);
+    EXPECT_NE(other.message().find("bytes"), std::string::npos) << other;
+    EXPECT_TRUE(packs.failed(0));
+  }
 
   // Removed.
-  WriteFile(path, original);
-  ASSERT_TRUE(packs.Reopen(0).ok());
-  ASSERT_EQ(unlink(path.c_str()), 0);
+  if (packs.failed(0)) {
+    WriteFile(path, original);
+    ASSERT_TRUE(packs.Reopen(0).ok());
+  }
+  ASSERT_TRUE(std::filesystem::remove(path));
+  if (!RemovedNamesVanishAtOnce()) {
+    std::printf("removal while open not checked: the name stays until the last handle closes\n");
+    return;
+  }
   EXPECT_EQ(packs.CheckFiles(), std::vector<PackId>{0});
   EXPECT_NE(packs.failure(0).message().find("no longer names a file"), std::string::npos)
       << packs.failure(0);
@@ -392,7 +453,7 @@ TEST(PackSetTest, GroupsByDeviceUnlessNamed) {
   const PackSet& packs = **set;
   ASSERT_EQ(packs.groups().size(), 2u);
   EXPECT_EQ(packs.pack(0).group, packs.pack(1).group);  // one filesystem, one device
-  EXPECT_EQ(packs.groups()[0].name.rfind("dev:", 0), 0u) << packs.groups()[0].name;
+  EXPECT_EQ(packs.groups()[0].name.rfind(kFileSystemGroupPrefix, 0), 0u) << packs.groups()[0].name;
   EXPECT_EQ(packs.groups()[1].name, "optane");
   EXPECT_EQ(packs.groups()[0].packs, (std::vector<PackId>{0, 1}));
 

@@ -1,14 +1,14 @@
 // Helpers shared by the pack tests (reader_test.cpp, reader_pool_test.cpp): deterministic pack
-// contents, the pread + memcpy oracle, job completion recorders.
+// contents, the whole-file read + memcpy oracle, job completion recorders.
 #pragma once
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -41,24 +41,15 @@ inline std::string MakePack(const TempDir& dir, const std::string& name, size_t 
   return path;
 }
 
-// The reference: the whole file read with plain pread, ranges copied out with memcpy.
+// The reference: the whole file read with a plain std::ifstream (no code of the readers), ranges
+// copied out with memcpy.
 class Oracle {
  public:
   explicit Oracle(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    EXPECT_GE(fd, 0) << path;
-    struct stat st {};
-    ::fstat(fd, &st);
-    bytes_.resize(static_cast<size_t>(st.st_size));
-    size_t done = 0;
-    while (done < bytes_.size()) {
-      const ssize_t n =
-          ::pread(fd, bytes_.data() + done, bytes_.size() - done, static_cast<off_t>(done));
-      if (n <= 0) break;
-      done += static_cast<size_t>(n);
-    }
-    EXPECT_EQ(done, bytes_.size());
-    ::close(fd);
+    std::ifstream in(path, std::ios::binary);
+    EXPECT_TRUE(in.good()) << path;
+    bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    EXPECT_EQ(bytes_.size(), std::filesystem::file_size(path)) << path;
   }
   std::string Range(uint64_t offset, uint64_t bytes) const {
     std::string out(bytes, '\0');
