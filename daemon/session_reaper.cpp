@@ -2,9 +2,6 @@
 // it does): ends idle and unattached sessions, forces the leases of ended ones when their
 // process exits or lease_ttl passes, and watches the clients whose done records the device may
 // still wait on. Split from sessions.cpp, which holds the rest of the registry.
-#include <poll.h>
-#include <unistd.h>
-
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -13,17 +10,6 @@
 #include "util/status.h"
 
 namespace expertd {
-namespace {
-
-// A pidfd polls readable once its process has exited.
-bool ProcessExited(int pidfd) {
-  if (pidfd < 0) return false;
-  pollfd p{pidfd, POLLIN, 0};
-  return poll(&p, 1, 0) > 0;
-}
-
-}  // namespace
-
 void SessionRegistry::ReapOnce(absl::Time now) {
   struct Expired {
     std::shared_ptr<Session> session;
@@ -57,7 +43,7 @@ void SessionRegistry::ReapOnce(absl::Time now) {
       // A client process that died while its stream stays open (a child inherited the socket,
       // or the connection is not torn down yet): none of its done records needs waiting for
       // any more, and the session ends: nothing of it may outlive the process that opened it.
-      if (s.attached_ && !s.client_gone_ && ProcessExited(s.pidfd_)) {
+      if (s.attached_ && !s.client_gone_ && s.client_process_.Exited()) {
         s.client_gone_ = true;
         gone.push_back(it->second);
         if (s.end_stream_) orphaned.emplace_back(it->second, s.end_stream_);
@@ -83,7 +69,7 @@ void SessionRegistry::ReapOnce(absl::Time now) {
     for (auto it = ended_.begin(); it != ended_.end();) {
       const std::shared_ptr<Session> keep = it->session;  // outlives the lock, as above
       Session& s = *keep;
-      const bool force = now >= it->deadline || ProcessExited(s.pidfd_);
+      const bool force = now >= it->deadline || s.client_process_.Exited();
       std::lock_guard<std::mutex> slock(s.mu_);
       for (auto lit = s.leases_.begin(); lit != s.leases_.end();) {
         if (force || s.DonePassed(lit->second.grant)) {
@@ -100,7 +86,7 @@ void SessionRegistry::ReapOnce(absl::Time now) {
       }
       // A dead client's done records are not waited for, even while an acquire of its is still
       // in flight: that acquire's copy may be the one waiting for them.
-      if (s.WaitsForClient() && !s.client_gone_ && ProcessExited(s.pidfd_)) {
+      if (s.WaitsForClient() && !s.client_gone_ && s.client_process_.Exited()) {
         s.client_gone_ = true;
         gone.push_back(it->session);
       }
@@ -112,7 +98,7 @@ void SessionRegistry::ReapOnce(absl::Time now) {
       it = ended_.erase(it);
     }
     for (auto it = watched_.begin(); it != watched_.end();) {
-      if (ProcessExited(it->session->pidfd_)) {
+      if (it->session->client_process_.Exited()) {
         it->session->client_gone_ = true;
         gone.push_back(it->session);
       } else if (now < it->deadline) {

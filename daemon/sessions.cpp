@@ -1,7 +1,6 @@
 #include "sessions.h"
 
 #include <sys/random.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,17 +14,6 @@
 
 namespace expertd {
 namespace {
-
-int OpenPidfd(int64_t pid) {
-#ifdef SYS_pidfd_open
-  if (pid <= 0) return -1;
-  const long fd = syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0);
-  return fd < 0 ? -1 : static_cast<int>(fd);
-#else
-  (void)pid;
-  return -1;
-#endif
-}
 
 absl::Status ForClient(const absl::Status& st) {
   // The engine says NotFound / OutOfRange for a bad layer or expert; to the client both are an
@@ -92,7 +80,7 @@ Session::Session(SessionRegistry* registry, std::string id, ServedModel* model, 
       peer_(peer),
       client_name_(std::move(client_name)),
       opened_at_(absl::Now()),
-      pidfd_(OpenPidfd(peer.pid)),
+      client_process_(ProcessWatch::Open(peer.pid)),
       slot_bound_(SlotsPerSession(registry->limits(), *model)),
       last_request_(opened_at_) {}
 
@@ -111,9 +99,7 @@ void Session::Touch() {
   last_request_ = absl::Now();
 }
 
-Session::~Session() {
-  if (pidfd_ >= 0) close(pidfd_);
-}
+Session::~Session() = default;
 
 void Session::Push(v1::SessionResponse message) {
   std::shared_ptr<Outbox> outbox;

@@ -6,7 +6,7 @@
 //    hanging while connected) is reclaimed: the daemon signals done on the client's behalf,
 //    releases it and tells the session (LeaseExpired);
 //  - when a session ends (its stream closed for any reason), each lease is released once its
-//    done fences pass, or at once when the client process has exited (pidfd), or after
+//    done fences pass, or at once when the client process has exited (ProcessWatch), or after
 //    lease_ttl at the latest; beyond max_sessions ended sessions, the oldest at once;
 //  - one session holds at most SlotsPerSession slots, so that others keep a share of the pool.
 // Nothing here blocks on I/O: grants arrive on engine threads and go out through the session's
@@ -34,6 +34,7 @@
 #include "lane/lane.h"
 #include "served_model.h"
 #include "util/latency_histogram.h"
+#include "util/process.h"
 
 namespace expertd {
 
@@ -141,7 +142,7 @@ class Session : public std::enable_shared_from_this<Session> {
   const Peer peer_;
   const std::string client_name_;
   const absl::Time opened_at_;
-  int pidfd_ = -1;  // the client process, to see it exit (Linux pidfd); -1 when unknown
+  ProcessWatch client_process_;  // to see the client exit; invalid when it cannot be watched
   const uint32_t slot_bound_;  // SlotsPerSession, fixed at open (off the acquire path)
   // One per slot class with session fences (CUDA), else empty; fixed after Open.
   std::vector<std::unique_ptr<SessionFences>> fences_;

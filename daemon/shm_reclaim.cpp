@@ -1,6 +1,5 @@
 #include "shm_reclaim.h"
 
-#include <signal.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -9,14 +8,15 @@
 #include <system_error>
 
 #include "absl/strings/numbers.h"
+#include "util/process.h"
 
 namespace expertd {
 namespace {
 
-// True unless no process has `pid` (kill(pid, 0) answers for any process, ours or another
-// user's: EPERM means it exists). A pid reused by another process keeps its names: it may be a
-// program using the host device library (tests do), whose names must not go.
-bool Alive(int64_t pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH; }
+// True unless no process has `pid` (ours or another user's). A pid reused by another process
+// keeps its names: it may be a program using the host device library (tests do), whose names
+// must not go.
+bool Alive(int64_t pid) { return ProcessExists(pid); }
 
 }  // namespace
 

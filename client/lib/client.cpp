@@ -20,6 +20,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "client_handles.h"
 #include "lane/lane.h"
+#include "util/process.h"
 
 namespace expertd::client {
 namespace {
@@ -621,7 +622,7 @@ class ClientImpl final : public Client {
     v1::OpenSessionRequest req;
     req.set_model(options.model);
     req.set_device(options.device);
-    req.set_client_pid(getpid());
+    req.set_client_pid(CurrentProcessId());
     req.set_client_name(options.client_name);
     req.set_transport(options.transport == SessionOptions::Transport::kLane     ? v1::TRANSPORT_LANE
                       : options.transport == SessionOptions::Transport::kStream ? v1::TRANSPORT_STREAM

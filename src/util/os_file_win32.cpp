@@ -11,9 +11,12 @@
 #include "absl/strings/str_cat.h"
 #include "util/os_file.h"
 #include "util/status.h"
+#include "util/win32_text.h"
 
 namespace expertd {
 namespace {
+
+using win32::Wide;
 
 HANDLE H(intptr_t h) { return reinterpret_cast<HANDLE>(h); }
 intptr_t I(HANDLE h) { return reinterpret_cast<intptr_t>(h); }
@@ -51,15 +54,6 @@ int ErrnoOf(DWORD code) {
     default:
       return EIO;  // ERROR_CRC, ERROR_IO_DEVICE, ERROR_SECTOR_NOT_FOUND, ...
   }
-}
-
-std::wstring Wide(const std::string& utf8) {
-  if (utf8.empty()) return {};
-  const int n =
-      MultiByteToWideChar(CP_UTF8, 0, utf8.data(), static_cast<int>(utf8.size()), nullptr, 0);
-  std::wstring out(static_cast<size_t>(n), L'\0');
-  MultiByteToWideChar(CP_UTF8, 0, utf8.data(), static_cast<int>(utf8.size()), out.data(), n);
-  return out;
 }
 
 // One event per thread for overlapped calls: each call waits for its own completion.

@@ -1,14 +1,13 @@
 // CUDA resource owners, arenas, staging and IPC event fence tables (see cuda_objects.h).
 #include "device/cuda/cuda_objects.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "util/process.h"
 #include "util/status.h"
 
 namespace expertd::cuda {
@@ -38,7 +37,7 @@ absl::StatusOr<ArenaExport> CudaArena::Export() const {
     std::memcpy(bytes.data(), &h, sizeof(h));
     handle_ = bytes;
   }
-  return MakeArenaExport(*handle_, this->bytes(), reserved_bytes(), label(), ::getpid());
+  return MakeArenaExport(*handle_, this->bytes(), reserved_bytes(), label(), CurrentProcessId());
 }
 
 CudaStaging::~CudaStaging() {
@@ -299,7 +298,7 @@ absl::StatusOr<FenceExport> CudaFenceTable::Export() const {
   if (!export_) {
     ASSIGN_OR_RETURN(std::vector<IpcHandleBytes> done,
                      HandlesOf(ctx_, sources_.at(0).events->events));
-    ASSIGN_OR_RETURN(FenceExport e, MakeFenceExport(ready, done, ::getpid()));
+    ASSIGN_OR_RETURN(FenceExport e, MakeFenceExport(ready, done, CurrentProcessId()));
     export_ = std::move(e);
   }
   return *export_;
@@ -322,7 +321,7 @@ absl::StatusOr<FenceExport> CudaSessionFences::Export() const {
   if (!export_) {
     ASSIGN_OR_RETURN(std::vector<IpcHandleBytes> ready, table_.ReadyHandles());
     ASSIGN_OR_RETURN(std::vector<IpcHandleBytes> done, HandlesOf(ctx_, events_->events));
-    ASSIGN_OR_RETURN(FenceExport e, MakeFenceExport(ready, done, ::getpid()));
+    ASSIGN_OR_RETURN(FenceExport e, MakeFenceExport(ready, done, CurrentProcessId()));
     export_ = std::move(e);
   }
   return *export_;
