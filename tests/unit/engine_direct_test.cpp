@@ -3,11 +3,10 @@
 // a byte budget), so bundles of mapped packs are copied straight from the pack mapping into the
 // slots, with no read and no staging segment — or, where the device registers only writable
 // memory, from a private writable mapping of the pack. The bytes are checked against the pack.
-#include <cstdio>
-#include <fstream>
 #include <string>
 
 #include "engine_test_fixture.h"
+#include "support/shm_platform.h"
 
 namespace expertd::testing {
 namespace {
@@ -27,23 +26,6 @@ class RegisteredMemory final : public StagingBuffer {
  private:
   uint64_t chunk_;
 };
-
-// Whether every page of `memory` is mapped writable in this process (/proc/self/maps).
-bool Writable(std::span<const uint8_t> memory) {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  auto covered = reinterpret_cast<uintptr_t>(memory.data());
-  const uintptr_t end = covered + memory.size();
-  while (covered < end && std::getline(maps, line)) {
-    uintptr_t lo = 0, hi = 0;
-    char perms[8] = {};
-    if (std::sscanf(line.c_str(), "%lx-%lx %7s", &lo, &hi, perms) != 3) continue;
-    if (hi <= covered || lo > covered) continue;
-    if (perms[1] != 'w') return false;
-    covered = hi;
-  }
-  return covered >= end;
-}
 
 // The host device, registering host memory up to `budget` bytes in all. Without
 // `read_only_ok` it registers only writable memory, as CUDA does where the GPU lacks
@@ -80,7 +62,7 @@ class RegisteringDevice final : public Device {
       return absl::ResourceExhaustedError(absl::StrCat(
           "host registration of ", memory.size(), " bytes exceeds the pinned budget"));
     }
-    if (!caps_.registers_read_only_memory && !Writable(memory)) {
+    if (!caps_.registers_read_only_memory && !testing::MemoryWritable(memory.data(), memory.size())) {
       return absl::InvalidArgumentError("read-only memory cannot be registered here");
     }
     used_ += memory.size();

@@ -2,13 +2,12 @@
 // its slots were filled or hit, staging exhausted by prefetches, staging smaller than a bundle,
 // acquires the pool cannot hold. The rule everywhere: a clear error or a completed grant, never
 // a hang (every acquire here gives up after a timeout and fails the test instead).
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -122,7 +121,7 @@ TEST_P(EngineFaultTest, PackTruncatedWhileRunning) {
     }
   }
   const std::string path = catalog_->packs()[0].path;
-  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(cut)), 0);
+  std::filesystem::resize_file(path, cut);
 
   auto lost = AcquireWithin(**engine, last_layer.block, {victim});
   ASSERT_TRUE(lost.has_value()) << "an acquire beyond the new end hung";

@@ -1,15 +1,14 @@
 // The engine end to end on the host device, shared by the engine_*_test.cpp files: a
 // synthesized model, real packs and reader pools, slots in shared memory. Verify() checks every
 // granted slot's bytes against the pack file, as a client would see them through the arena. Its
-// oracle is a plain pread(2) of the catalog's location on a descriptor of its own: not the
-// PackSet, its read method or its test hook, which the engine reads through.
+// oracle is a plain ifstream read of the catalog's location: not the PackSet, its read method or
+// its test hook, which the engine reads through.
 #pragma once
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <condition_variable>
 #include <cstring>
 #include <memory>
@@ -106,20 +105,12 @@ class EngineFixture : public ::testing::Test {
     return ::testing::AssertionSuccess();
   }
 
-  // The oracle: pread(2) of the pack file, whole or not at all.
+  // The oracle: the pack file read with an ifstream, whole or not at all.
   bool OracleRead(uint32_t pack, uint64_t offset, std::span<uint8_t> out) {
-    const std::string& path = catalog_->packs().at(pack).path;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
-    size_t done = 0;
-    while (done < out.size()) {
-      const ssize_t n = ::pread(fd, out.data() + done, out.size() - done,
-                                static_cast<off_t>(offset + done));
-      if (n <= 0) break;
-      done += static_cast<size_t>(n);
-    }
-    ::close(fd);
-    return done == out.size();
+    std::ifstream in(catalog_->packs().at(pack).path, std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(offset));
+    in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size()));
+    return in.good() && static_cast<size_t>(in.gcount()) == out.size();
   }
 
   // What a client does after its kernels read the grant: signal done, release.

@@ -1,14 +1,8 @@
-// The host device: shared-memory arenas and fences (also seen from a forked second process),
+// The host device: shared-memory arenas and fences (also seen from a second process),
 // prioritized asynchronous copies that wait on done fences, shutdown, and errors.
 #include "device/host/host_device.h"
 
 #include <gtest/gtest.h>
-#include <fcntl.h>
-#include <grp.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -24,7 +18,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "device/device.h"
+#include "device/host/host_shared_memory.h"
+#include "support/host_device_args.h"
+#include "support/shm_platform.h"
 #include "support/test_support.h"
+#include "util/process.h"
 
 namespace expertd {
 namespace {
@@ -32,9 +30,7 @@ namespace {
 using Backing = HostDeviceOptions::Backing;
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
-uint8_t Pattern(uint32_t seed, uint64_t i) {
-  return static_cast<uint8_t>(uint64_t{seed} * 31 + i * 7 + (i >> 8) + 1);
-}
+using testing::Pattern;
 
 void Fill(std::span<uint8_t> bytes, uint32_t seed) {
   for (uint64_t i = 0; i < bytes.size(); ++i) bytes[i] = Pattern(seed, i);
@@ -179,8 +175,7 @@ TEST_P(HostDeviceBackingTest, ExportedArenaMapsToTheSameBytes) {
   EXPECT_EQ(descriptor.reserved_bytes, 2 * kMiB);
   EXPECT_EQ(descriptor.handle.shm_name.empty(), GetParam() == Backing::kMemfd);
   if (GetParam() == Backing::kShmOpen) {
-    EXPECT_EQ(descriptor.handle.shm_name.rfind(absl::StrCat("/expertd-test-", getpid(), "-"), 0),
-              0u)
+    EXPECT_EQ(descriptor.handle.shm_name.rfind(testing::ShmNamePrefix("expertd-test"), 0), 0u)
         << descriptor.handle.shm_name;
   }
   const MappedArena mapped = Must(MapArena(descriptor));
@@ -197,108 +192,38 @@ TEST_P(HostDeviceBackingTest, ExportedArenaMapsToTheSameBytes) {
   EXPECT_TRUE(AllZero(mapped.data().data(), 8192));
 
   // The client's mapping is read-only.
-  EXPECT_EQ(mprotect(const_cast<uint8_t*>(mapped.data().data()), 4096, PROT_READ | PROT_WRITE), -1);
+  EXPECT_FALSE(testing::MemoryWritable(mapped.data().data(), 4096));
 }
 
-// With group access (shm_mode 0660) an arena still gives the group only read access: clients
-// never write slots. Fence tables keep the mode (clients store their done words there). Names
-// end in random bits: nobody can create one first to keep the daemon from starting.
-TEST(HostDeviceTest, ArenasAreReadOnlyForOtherUsersAndNamesUnpredictable) {
-  HostDeviceOptions o;
-  o.shm_prefix = "expertd-test";
-  o.shm_mode = 0660;
-  auto device = NewDevice(o);
-  auto a = Must(device->AllocateArena(kMiB, "a"));
-  auto b = Must(device->AllocateArena(kMiB, "b"));
-  auto fences = Must(device->CreateFences(8));
-  auto session = Must(device->CreateSessionFences(*fences));
-  const std::string an = Must(a->Export()).handle.shm_name;
-  const std::string bn = Must(b->Export()).handle.shm_name;
-  const std::string fn = Must(fences->Export()).handle.shm_name;
-  const FenceExport session_export = Must(session->Export());
-  ASSERT_TRUE(session_export.session_done.has_value());
-  EXPECT_EQ(session_export.handle.shm_name, fn);
-  // A session's done words have no name: only a descriptor reaches them.
-  EXPECT_TRUE(session_export.session_done->shm_name.empty());
-  const std::string dn = absl::StrCat("/proc/", getpid(), "/fd/", session_export.session_done->fd);
-  const auto mode = [](const std::string& name) {
-    struct stat st {};
-    EXPECT_EQ(stat(("/dev/shm" + name).c_str(), &st), 0) << name;
-    return st.st_mode & 0777;
-  };
-  EXPECT_EQ(mode(an), 0640u);
-  EXPECT_EQ(mode(fn), 0640u);  // the table: only the daemon writes it
-  // "/expertd-test-<pid>-<n>-<16 hex digits>", and two names share no random part.
-  const std::string prefix = absl::StrCat("/expertd-test-", getpid(), "-");
-  ASSERT_EQ(an.rfind(prefix, 0), 0u) << an;
-  const std::string tail = an.substr(an.rfind('-') + 1);
-  EXPECT_EQ(tail.size(), 16u) << an;
-  EXPECT_EQ(tail.find_first_not_of("0123456789abcdef"), std::string::npos) << an;
-  EXPECT_NE(tail, bn.substr(bn.rfind('-') + 1));
-  if (geteuid() != 0) return;  // the rest needs a second user
-  // Another user in the object's group: may read the arena, may not write it.
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    struct stat st {};
-    if (stat(("/dev/shm" + an).c_str(), &st) != 0) _exit(10);
-    const gid_t g = st.st_gid;
-    if (setgroups(1, &g) != 0 || setgid(g) != 0 || setuid(65534) != 0) _exit(11);
-    const int ro = shm_open(an.c_str(), O_RDONLY, 0);
-    if (ro < 0) _exit(12);
-    close(ro);
-    const int rw = shm_open(an.c_str(), O_RDWR, 0);
-    if (rw >= 0 || errno != EACCES) _exit(13);
-    const int frw = shm_open(fn.c_str(), O_RDWR, 0);  // the table: read-only for clients
-    if (frw >= 0 || errno != EACCES) _exit(14);
-    const int fro = shm_open(fn.c_str(), O_RDONLY, 0);
-    if (fro < 0) _exit(15);
-    close(fro);
-    // Another user cannot reach a session's done words through the daemon's descriptor.
-    const int drw = open(dn.c_str(), O_RDWR);
-    if (drw >= 0 || errno != EACCES) _exit(16);
-    _exit(0);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0)
-      << "10 stat, 11 change user, 12 read refused, 13 write allowed, 14 table writable, "
-         "15 table unreadable, 16 another session's done words reachable";
-}
-
-// A real second process maps the arena and its session's fences by their descriptors, waits
-// for a copy the parent makes after the fork, checks the bytes and stores its done fence, which
-// the daemon's side then declares. It cannot write the arena or the table (memfd: sealed).
+// A real second process (host_device_child) maps the arena and its session's fences by their
+// descriptors, waits for a copy the parent makes after it started, checks the bytes and stores
+// its done fence, which the daemon's side then declares. With anonymous objects it reaches them
+// through the daemon's process (/proc/<pid>/fd, or a handle duplicated out of it), and cannot
+// open the arena or the table for writing that way (memfd: sealed; Windows: the exported handle
+// has read access only).
 TEST_P(HostDeviceBackingTest, SecondProcessSeesCopiesAndItsDoneFence) {
   auto device = NewDevice(Options());
-  auto arena = Must(device->AllocateArena(uint64_t{4} * 65536, "shared"));
+  constexpr uint64_t kStride = 65536;
+  constexpr SlotId kSlot = 1;
+  auto arena = Must(device->AllocateArena(4 * kStride, "shared"));
   auto fences = Must(device->CreateFences(4));
   auto session = Must(device->CreateSessionFences(*fences));
   const ArenaExport arena_export = Must(arena->Export());
   const FenceExport fence_export = Must(session->Export());
-  const bool memfd = GetParam() == Backing::kMemfd;
-  constexpr uint64_t kStride = 65536;
-  constexpr SlotId kSlot = 1;
+  ASSERT_TRUE(fence_export.session_done.has_value());
+  const bool anonymous = GetParam() == Backing::kMemfd;
 
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    // Only the mapping functions and plain checks here; exit codes tell the parent what failed.
-    auto mapped_fences = MapFences(fence_export);
-    if (!mapped_fences.ok()) _exit(10);
-    auto mapped_arena = MapArena(arena_export);
-    if (!mapped_arena.ok()) _exit(11);
-    if (!mapped_fences->WaitReady(kSlot, 1, absl::Seconds(5)).ok()) _exit(12);
-    if (!Matches(mapped_arena->data().data() + kSlot * kStride, kStride, 42)) _exit(13);
-    if (!AllZero(mapped_arena->data().data(), kStride)) _exit(14);
-    if (!mapped_fences->SignalDone(kSlot, 1).ok()) _exit(15);
-    if (memfd) {  // the same user, but the seal refuses any new write mapping
-      if (MapSharedSegment(arena_export.handle, arena_export.reserved_bytes).ok()) _exit(16);
-      if (MapSharedSegment(fence_export.handle, fence_export.segment_bytes).ok()) _exit(17);
-    }
-    _exit(0);
-  }
+  std::vector<std::string> argv = {EXPERTD_HOST_DEVICE_CHILD, absl::StrCat(kSlot),
+                                   absl::StrCat(kStride), "42", anonymous ? "readonly" : "any"};
+  testing::AppendHandle(argv, arena_export.handle);
+  argv.push_back(absl::StrCat(arena_export.bytes));
+  argv.push_back(absl::StrCat(arena_export.reserved_bytes));
+  testing::AppendHandle(argv, fence_export.handle);
+  testing::AppendHandle(argv, *fence_export.session_done);
+  argv.push_back(absl::StrCat(fence_export.n_slots));
+  argv.push_back(absl::StrCat(fence_export.done_offset));
+  argv.push_back(absl::StrCat(fence_export.segment_bytes));
+  ChildProcess child = Must(ChildProcess::Start(argv));
 
   auto staging = Must(device->AllocateStaging(kStride));
   Fill(staging->data(), 42);
@@ -306,11 +231,8 @@ TEST_P(HostDeviceBackingTest, SecondProcessSeesCopiesAndItsDoneFence) {
   request.signals.push_back(FenceSignal{fences.get(), kSlot, 1});
   Completion copied;
   ASSERT_TRUE(device->SubmitCopy(std::move(request), copied.Callback()).ok());
-  int wstatus = 0;
-  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
-  ASSERT_TRUE(WIFEXITED(wstatus));
-  EXPECT_EQ(WEXITSTATUS(wstatus), 0) << "10 map fences, 11 map arena, 12 wait ready, 13 bytes, "
-                                        "14 padding, 15 signal done, 16/17 arena/table writable";
+  EXPECT_EQ(Must(child.Wait()), 0) << "10 map fences, 11 map arena, 12 wait ready, 13 bytes, "
+                                      "14 padding, 15 signal done, 16/17 arena/table writable";
   EXPECT_TRUE(session->Signalled(kSlot, 1));
   EXPECT_TRUE(session->DeclareDone(kSlot, 1).ok());
   EXPECT_EQ(fences->done(kSlot), 1u);
@@ -471,7 +393,12 @@ TEST(HostDeviceTest, SessionDoneWordsAreTheSessionsOwnAndCopiesNeverWaitOnThem) 
   const FenceExport ax = Must(a->Export());
   const FenceExport bx = Must(b->Export());
   ASSERT_TRUE(ax.session_done.has_value() && bx.session_done.has_value());
-  EXPECT_NE(ax.session_done->inode, bx.session_done->inode);
+  // Two objects (where handles carry no identity, two handles of the daemon's).
+  if (testing::kHandlesCarryIdentity) {
+    EXPECT_NE(ax.session_done->inode, bx.session_done->inode);
+  } else {
+    EXPECT_NE(ax.session_done->fd, bx.session_done->fd);
+  }
   MappedFences client_a = Must(MapFences(ax));
   MappedFences client_b = Must(MapFences(bx));
   ASSERT_TRUE(table->AdvanceReady(0, 1).ok());
@@ -711,12 +638,13 @@ TEST(HostDeviceTest, BadSizesAndRequestsAreRejected) {
 
 TEST(HostDeviceTest, MappingErrorsNameTheCallAndObject) {
   ArenaExport missing;
-  missing.handle.shm_name = "/expertd-test-no-such-object";
+  missing.handle.shm_name = testing::MissingShmName();
   missing.bytes = kMiB;
   missing.reserved_bytes = 2 * kMiB;
   const auto arena = MapArena(missing);
-  EXPECT_TRUE(testing::IsError(arena.status(), absl::StatusCode::kNotFound, ErrorKind::kIo,
-                               {"shm_open", "/expertd-test-no-such-object", "No such file"}));
+  EXPECT_TRUE(testing::IsError(
+      arena.status(), absl::StatusCode::kNotFound, ErrorKind::kIo,
+      {testing::kOpenByNameCall, testing::MissingShmName(), testing::kNoSuchObjectText}));
   missing.reserved_bytes = kMiB;  // not a multiple of 2 MiB
   EXPECT_EQ(MapArena(missing).status().code(), absl::StatusCode::kInvalidArgument);
 
@@ -726,17 +654,21 @@ TEST(HostDeviceTest, MappingErrorsNameTheCallAndObject) {
   ArenaExport lying = Must(real->Export());
   lying.bytes = lying.reserved_bytes = 4 * kMiB;
   EXPECT_EQ(MapArena(lying).status().code(), absl::StatusCode::kInvalidArgument);
-  // A descriptor whose object was replaced (another inode behind the name).
-  ArenaExport replaced = Must(real->Export());
-  replaced.handle.inode += 1;
-  EXPECT_TRUE(testing::IsError(MapArena(replaced).status(), absl::StatusCode::kNotFound,
-                               ErrorKind::kMissingFile, {"no longer the one exported"}));
+  // A descriptor whose object was replaced (another inode behind the name), where handles
+  // carry an identity (Windows names end in 64 random bits instead).
+  if (testing::kHandlesCarryIdentity) {
+    ArenaExport replaced = Must(real->Export());
+    replaced.handle.inode += 1;
+    EXPECT_TRUE(testing::IsError(MapArena(replaced).status(), absl::StatusCode::kNotFound,
+                                 ErrorKind::kMissingFile, {"no longer the one exported"}));
+  }
   // A fence descriptor pointing at an arena.
   FenceExport not_fences;
   not_fences.handle = lying.handle;
   not_fences.n_slots = 1;
-  not_fences.done_offset = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  not_fences.segment_bytes = 2 * not_fences.done_offset;
+  const host_device_internal::FenceLayout layout = host_device_internal::LayoutFor(1);
+  not_fences.done_offset = layout.done_offset;
+  not_fences.segment_bytes = layout.segment_bytes;
   EXPECT_EQ(MapFences(not_fences).status().code(), absl::StatusCode::kInvalidArgument);
 }
 

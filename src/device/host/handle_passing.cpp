@@ -49,8 +49,8 @@ absl::StatusOr<PassedDescriptors> FetchDescriptors(const std::string& socket_pat
   if (socket_path.empty() || socket_path.size() >= sizeof addr.sun_path) {
     return absl::InvalidArgumentError(absl::StrCat("handle socket path '", socket_path, "'"));
   }
-  const host_device_internal::UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  const int fd = sock.get();
+  const host_device_internal::NativeHandle sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const int fd = static_cast<int>(sock.get());
   if (fd < 0) return Errno("socket", socket_path);
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);

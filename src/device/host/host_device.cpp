@@ -2,10 +2,7 @@
 // threads. Shared memory and fence words: host_shared_memory.h; the client side is there too.
 #include "device/host/host_device.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -31,9 +28,9 @@ using host_device_internal::kFenceVersion;
 using host_device_internal::kMaxFenceSlots;
 using host_device_internal::LayoutFor;
 using host_device_internal::LoadCounter;
+using host_device_internal::MapPrivate;
 using host_device_internal::PhysicalMemory;
 using host_device_internal::SharedMemory;
-using host_device_internal::SysError;
 using host_device_internal::WaitCounter;
 using host_device_internal::WordsAt;
 
@@ -192,10 +189,7 @@ class HostDevice final : public Device {
                        absl::StrCat("staging of ", bytes, " bytes requested; at most ",
                                     caps_.max_staging_bytes));
     }
-    void* addr = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (addr == MAP_FAILED)
-      return SysError("mmap", absl::StrCat("staging, ", bytes, " bytes"), errno);
-    ShmMapping mapping(addr, bytes);
+    ASSIGN_OR_RETURN(ShmMapping mapping, MapPrivate(bytes));
     return std::make_unique<HostStaging>(std::span<uint8_t>(mapping.data(), bytes),
                                          std::move(mapping));
   }
@@ -398,6 +392,14 @@ absl::StatusOr<std::unique_ptr<Device>> MakeHostDevice(HostDeviceOptions options
     return InvalidError(ErrorKind::kBadValue,
                         absl::StrCat("host device: shm_prefix '", options.shm_prefix,
                                      "' must be 1..64 of [A-Za-z0-9._-]"));
+  }
+  // It goes into an SDDL string (Windows): a SID ("S-1-5-32-545") or an alias ("BU"), nothing else.
+  if (options.client_sid.size() > 184 ||
+      options.client_sid.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-") !=
+          std::string::npos) {
+    return InvalidError(ErrorKind::kBadValue,
+                        absl::StrCat("host device: client_sid '", options.client_sid,
+                                     "' is not a SID (S-1-...) or an SDDL alias"));
   }
   if ((options.shm_mode & ~0777u) != 0 || options.fence_poll_interval <= absl::ZeroDuration()) {
     return InvalidError(ErrorKind::kBadValue, "host device: bad shm_mode or fence_poll_interval");

@@ -18,17 +18,26 @@
 namespace expertd {
 
 struct HostDeviceOptions {
-  // How arenas and fence tables are created. kShmOpen: a POSIX shm object named
-  // "/<shm_prefix>-<pid>-<n>-<random hex>", unlinked when the object is destroyed (a client
-  // maps it by name); arenas without write access for anyone but the owner.
-  // kMemfd: an anonymous memfd, sealed against resizing, and against clients' write mappings
-  // where clients only read (a client maps an fd received over the daemon's handle socket, or
-  // /proc/<pid>/fd/<fd>). Either way the memory lives until the last mapping goes. A session's
-  // own done words (CreateSessionFences) are always a memfd, whatever this says.
+  // How arenas and fence tables are created. kShmOpen: a named object, unlinked when it is
+  // destroyed (a client maps it by name): on POSIX a shm object
+  // "/<shm_prefix>-<pid>-<n>-<random hex>", arenas without write access for anyone but the
+  // owner; on Windows a file mapping "Local\<shm_prefix>-<pid>-<n>-<random hex>".
+  // kMemfd: an anonymous object. On POSIX a memfd, sealed against resizing, and against
+  // clients' write mappings where clients only read (a client maps an fd received over the
+  // daemon's handle socket, or /proc/<pid>/fd/<fd>); on Windows a file mapping without a name,
+  // which a client duplicates out of the daemon's process (or is handed a duplicate of).
+  // Either way the memory lives until the last mapping goes. A session's own done words
+  // (CreateSessionFences) are always anonymous, whatever this says.
+  //
+  // Access on Windows, where there is no mode: each object's DACL gives the daemon's user the
+  // owner bits of shm_mode and `client_sid` (when set) the group bits, without write access to
+  // arenas and fence tables (as the group's write bit is dropped on POSIX); an anonymous
+  // arena or table is exported through a handle with read access only (as a sealed memfd).
   enum class Backing { kShmOpen, kMemfd };
   Backing backing = Backing::kShmOpen;
   std::string shm_prefix = "expertd";  // [A-Za-z0-9._-]{1,64}
   uint32_t shm_mode = 0600;            // clients run as the daemon's user unless widened
+  std::string client_sid = {};         // Windows: "S-1-..." or an SDDL alias; empty: none
   uint32_t copy_threads = 2;           // 1..64
   uint64_t max_arena_bytes = 0;        // 0: the machine's physical memory
   uint64_t max_staging_bytes = 0;      // 0: the machine's physical memory
@@ -42,7 +51,7 @@ absl::StatusOr<std::unique_ptr<Device>> MakeHostDevice(HostDeviceOptions options
 
 // ---- Client side: what another process maps ------------------------------------------------
 
-// A move-only owner of one mmap'ed range.
+// A move-only owner of one mapped range (mmap; MapViewOfFile on Windows).
 class ShmMapping {
  public:
   ShmMapping() = default;
@@ -77,9 +86,11 @@ class MappedArena {
   uint64_t bytes_ = 0;
 };
 
-// Maps an arena the daemon exported: by shm name when there is one, else through
-// /proc/<owner_pid>/fd/<fd>. Errors carry the call, the name and strerror; a descriptor that
-// does not match the object (size, kind) is InvalidArgument.
+// Maps an arena the daemon exported: by a descriptor or handle received from the daemon, else
+// by its name, else through the exporter's descriptor (/proc/<owner_pid>/fd/<fd>; Windows: its
+// handle, duplicated out of the owner process). Errors carry the call, the name and the
+// system's text; a descriptor that does not match the object (size, kind) is InvalidArgument,
+// an object whose name was removed NotFound.
 absl::StatusOr<MappedArena> MapArena(const ArenaExport& descriptor);
 
 // A read-write shared-memory object the daemon creates for one client process (a session's

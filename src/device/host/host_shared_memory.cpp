@@ -1,20 +1,12 @@
-// The host device's shared memory (shm_open / memfd objects, mappings), the fence word
-// algorithms both ends use, and the client side: MapArena, MapFences, MappedFences.
+// The host device's fence word algorithms, which both ends use, and the client side: MapArena,
+// MapFences, MappedFences, shared segments. The shared-memory objects themselves are per
+// platform (host_shared_memory_posix.cpp, host_shared_memory_win32.cpp).
 #include "device/host/host_shared_memory.h"
-
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/random.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
 #include <bit>
-#include <cerrno>
-#include <chrono>
-#include <climits>
 #include <cstring>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "util/checked.h"
@@ -30,53 +22,6 @@ namespace {
 static_assert(std::atomic_ref<uint64_t>::is_always_lock_free);
 static_assert(std::atomic_ref<uint32_t>::is_always_lock_free);
 
-// Names are unique per process: "/<prefix>-<pid>-<n>".
-std::atomic<uint64_t> g_shm_serial{0};
-
-// Opens what a SharedHandle names, for a client: the shm name, else the exporter's descriptor
-// through /proc (same user, or ptrace-read access).
-absl::StatusOr<UniqueFd> OpenShared(const SharedHandle& h, bool writable, std::string* what) {
-  if (h.kind != SharedHandle::Kind::kHostShm) {
-    return InvalidError(ErrorKind::kBadValue, "not a host shared-memory handle");
-  }
-  const int flags = (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC;
-  UniqueFd fd;
-  if (h.passed_fd >= 0) {
-    // Received over the handle socket: this process's own descriptor for the object.
-    *what = h.shm_name.empty() ? absl::StrCat("passed descriptor ", h.passed_fd) : h.shm_name;
-    fd = UniqueFd(::fcntl(h.passed_fd, F_DUPFD_CLOEXEC, 0));
-    if (fd.get() < 0) return SysError("fcntl(F_DUPFD_CLOEXEC)", *what, errno);
-  } else if (!h.shm_name.empty()) {
-    *what = h.shm_name;
-    fd = UniqueFd(::shm_open(h.shm_name.c_str(), flags, 0));
-    if (fd.get() < 0) return SysError("shm_open", *what, errno);
-  } else if (h.fd >= 0 && h.owner_pid > 0) {
-    *what = absl::StrCat("/proc/", h.owner_pid, "/fd/", h.fd);
-    fd = UniqueFd(::open(what->c_str(), flags));
-    if (fd.get() < 0) return SysError("open", *what, errno);
-  } else {
-    return InvalidError(ErrorKind::kBadValue, "shared handle has neither a name nor a descriptor");
-  }
-  return fd;
-}
-
-// Checks that `fd` is the object `h` describes and holds at least `need` bytes.
-absl::Status CheckObject(int fd, const SharedHandle& h, uint64_t need, const std::string& what) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return SysError("fstat", what, errno);
-  if ((h.inode != 0 || h.dev != 0) && (st.st_dev != h.dev || st.st_ino != h.inode)) {
-    return MakeError(absl::StatusCode::kNotFound, ErrorKind::kMissingFile,
-                     absl::StrCat("shared object ", what, " is no longer the one exported (inode ",
-                                  st.st_ino, ", expected ", h.inode, ")"));
-  }
-  if (static_cast<uint64_t>(st.st_size) < need) {
-    return InvalidError(ErrorKind::kOutOfBounds,
-                        absl::StrCat("shared object ", what, " has ", st.st_size,
-                                     " bytes; its descriptor says ", need));
-  }
-  return absl::OkStatus();
-}
-
 // The futex is the 32-bit half of a counter holding its low bits: it changes on every advance
 // (until a 2^32 jump between a waiter's load and its sleep, which generations never make).
 uint32_t* FutexWord(uint64_t* counter) {
@@ -84,83 +29,24 @@ uint32_t* FutexWord(uint64_t* counter) {
 }
 }  // namespace
 
-// ---- Errors and OS resource owners ----------------------------------------------------------
+// ---- The daemon's objects ---------------------------------------------------------------------
 
-absl::Status SysError(std::string_view call, std::string_view object, int err) {
-  absl::StatusCode code = absl::StatusCode::kUnavailable;
-  if (err == ENOENT) code = absl::StatusCode::kNotFound;
-  if (err == EACCES || err == EPERM) code = absl::StatusCode::kPermissionDenied;
-  if (err == ENOMEM || err == ENOSPC || err == EMFILE || err == ENFILE) {
-    code = absl::StatusCode::kResourceExhausted;
-  }
-  char buf[256];
-  const char* text = strerror_r(err, buf, sizeof(buf));  // GNU: thread-safe, returns the text
-  return MakeError(code, ErrorKind::kIo, absl::StrCat(AV(call), "(", AV(object), "): ", text));
-}
+SharedMemory::SharedMemory(SharedMemory&& o) noexcept
+    : name_(std::exchange(o.name_, {})),
+      handle_(std::move(o.handle_)),
+      exported_(std::move(o.exported_)),
+      map_(std::move(o.map_)),
+      dev_(o.dev_),
+      inode_(o.inode_) {}
 
-absl::StatusOr<ShmMapping> MapFd(int fd, uint64_t offset, uint64_t bytes, int prot,
-                                 std::string_view what) {
-  void* addr = ::mmap(nullptr, bytes, prot, MAP_SHARED, fd, static_cast<off_t>(offset));
-  if (addr == MAP_FAILED) return SysError("mmap", what, errno);
-  return ShmMapping(addr, bytes);
-}
-
-uint64_t PageSize() { return static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)); }
-
-uint64_t PhysicalMemory() { return static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * PageSize(); }
-
-absl::StatusOr<SharedMemory> SharedMemory::Create(const HostDeviceOptions& options,
-                                                  std::string_view label, uint64_t bytes,
-                                                  bool clients_write) {
-  SharedMemory m;
-  std::string what;
-  if (options.backing == HostDeviceOptions::Backing::kShmOpen) {
-    for (int attempt = 0;; ++attempt) {
-      uint64_t nonce = 0;
-      if (::getrandom(&nonce, sizeof nonce, 0) != static_cast<ssize_t>(sizeof nonce)) {
-        return SysError("getrandom", "a shared-memory name", errno);
-      }
-      what = absl::StrCat("/", options.shm_prefix, "-", ::getpid(), "-", g_shm_serial++, "-",
-                          absl::Hex(nonce, absl::kZeroPad16));
-      m.fd_ = UniqueFd(::shm_open(what.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-      if (m.fd_.get() >= 0) break;
-      if (errno != EEXIST || attempt == 7) return SysError("shm_open", what, errno);
-    }
-    m.name_ = ShmName(what);
-    // shm_open's mode is filtered by the umask; the configured mode is what the operator wants.
-    const uint32_t mode = clients_write ? options.shm_mode : options.shm_mode & ~0022u;
-    if (::fchmod(m.fd_.get(), mode) != 0) return SysError("fchmod", what, errno);
-  } else {
-    const std::string name = absl::StrCat(options.shm_prefix, ":", AV(label)).substr(0, 240);
-    what = absl::StrCat("memfd:", name);
-    m.fd_ = UniqueFd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
-    if (m.fd_.get() < 0) return SysError("memfd_create", what, errno);
-  }
-  if (::ftruncate(m.fd_.get(), static_cast<off_t>(bytes)) != 0) {
-    return SysError("ftruncate", absl::StrCat(what, ", ", bytes, " bytes"), errno);
-  }
-  // Reserve the pages now: tmpfs is sparse, and touching a page it cannot back later would be
-  // SIGBUS in the copy thread (or in a client) instead of an error here.
-  if (const int err = ::posix_fallocate(m.fd_.get(), 0, static_cast<off_t>(bytes));
-      err != 0 && err != EOPNOTSUPP && err != EINVAL) {
-    return SysError("posix_fallocate", absl::StrCat(what, ", ", bytes, " bytes"), err);
-  }
-  struct stat st {};
-  if (::fstat(m.fd_.get(), &st) != 0) return SysError("fstat", what, errno);
-  m.dev_ = st.st_dev;
-  m.inode_ = st.st_ino;
-  ASSIGN_OR_RETURN(m.map_, MapFd(m.fd_.get(), 0, bytes, PROT_READ | PROT_WRITE, what));
-  if (options.backing == HostDeviceOptions::Backing::kMemfd) {
-    // A memfd has no mode that keeps a client from writing through the descriptor it is passed
-    // (or from reopening it read-write through /proc): objects clients only read are sealed
-    // against every write mapping made after the daemon's own.
-    const int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL |
-                      (clients_write ? 0 : F_SEAL_FUTURE_WRITE);
-    if (::fcntl(m.fd_.get(), F_ADD_SEALS, seals) != 0) {
-      return SysError("fcntl(F_ADD_SEALS)", what, errno);
-    }
-  }
-  return m;
+SharedMemory& SharedMemory::operator=(SharedMemory&& o) noexcept {
+  std::swap(name_, o.name_);
+  std::swap(handle_, o.handle_);
+  std::swap(exported_, o.exported_);
+  std::swap(map_, o.map_);
+  std::swap(dev_, o.dev_);
+  std::swap(inode_, o.inode_);
+  return *this;
 }
 
 // ---- Fence words -------------------------------------------------------------------------------
@@ -251,7 +137,6 @@ absl::Status CheckSlot(SlotId slot, uint32_t n_slots) {
 // ---- Client side -------------------------------------------------------------------------------
 
 using host_device_internal::AdvanceCounter;
-using host_device_internal::CheckObject;
 using host_device_internal::CheckSlot;
 using host_device_internal::FenceHeader;
 using host_device_internal::FenceLayout;
@@ -261,9 +146,8 @@ using host_device_internal::kFenceVersion;
 using host_device_internal::kMaxFenceSlots;
 using host_device_internal::LayoutFor;
 using host_device_internal::LoadCounter;
-using host_device_internal::MapFd;
+using host_device_internal::OpenedShared;
 using host_device_internal::OpenShared;
-using host_device_internal::UniqueFd;
 using host_device_internal::WaitCounter;
 using host_device_internal::WordsAt;
 
@@ -276,10 +160,6 @@ ShmMapping& ShmMapping::operator=(ShmMapping&& other) noexcept {
   return *this;
 }
 
-ShmMapping::~ShmMapping() {
-  if (addr_ != nullptr) ::munmap(addr_, bytes_);
-}
-
 absl::StatusOr<MappedArena> MapArena(const ArenaExport& descriptor) {
   if (descriptor.reserved_bytes == 0 || descriptor.reserved_bytes % kArenaAlignment != 0 ||
       descriptor.bytes == 0 || descriptor.bytes > descriptor.reserved_bytes) {
@@ -287,10 +167,9 @@ absl::StatusOr<MappedArena> MapArena(const ArenaExport& descriptor) {
                                                            "' with ", descriptor.bytes, " of ",
                                                            descriptor.reserved_bytes, " bytes"));
   }
-  std::string what;
-  ASSIGN_OR_RETURN(UniqueFd fd, OpenShared(descriptor.handle, /*writable=*/false, &what));
-  RETURN_IF_ERROR(CheckObject(fd.get(), descriptor.handle, descriptor.reserved_bytes, what));
-  ASSIGN_OR_RETURN(ShmMapping map, MapFd(fd.get(), 0, descriptor.reserved_bytes, PROT_READ, what));
+  ASSIGN_OR_RETURN(const OpenedShared object,
+                   OpenShared(descriptor.handle, /*writable=*/false, descriptor.reserved_bytes));
+  ASSIGN_OR_RETURN(ShmMapping map, object.Map(0, descriptor.reserved_bytes, /*writable=*/false));
   return MappedArena(std::move(map), descriptor.bytes);
 }
 
@@ -307,26 +186,25 @@ absl::StatusOr<MappedFences> MapFences(const FenceExport& descriptor) {
                                      descriptor.segment_bytes, " differs from ", layout.done_offset,
                                      "/", layout.segment_bytes));
   }
-  std::string what;
   ShmMapping part1;
   ShmMapping part2;
+  std::string what;
   const uint64_t part2_bytes = layout.segment_bytes - layout.done_offset;
   if (descriptor.session_done.has_value()) {
     // The table read-only; the session's own done words read-write.
-    ASSIGN_OR_RETURN(UniqueFd table, OpenShared(descriptor.handle, /*writable=*/false, &what));
-    RETURN_IF_ERROR(CheckObject(table.get(), descriptor.handle, layout.segment_bytes, what));
-    ASSIGN_OR_RETURN(part1, MapFd(table.get(), 0, layout.done_offset, PROT_READ, what));
-    std::string own;
-    ASSIGN_OR_RETURN(UniqueFd done,
-                     OpenShared(*descriptor.session_done, /*writable=*/true, &own));
-    RETURN_IF_ERROR(CheckObject(done.get(), *descriptor.session_done, part2_bytes, own));
-    ASSIGN_OR_RETURN(part2, MapFd(done.get(), 0, part2_bytes, PROT_READ | PROT_WRITE, own));
+    ASSIGN_OR_RETURN(const OpenedShared table,
+                     OpenShared(descriptor.handle, /*writable=*/false, layout.segment_bytes));
+    what = table.what();
+    ASSIGN_OR_RETURN(part1, table.Map(0, layout.done_offset, /*writable=*/false));
+    ASSIGN_OR_RETURN(const OpenedShared done,
+                     OpenShared(*descriptor.session_done, /*writable=*/true, part2_bytes));
+    ASSIGN_OR_RETURN(part2, done.Map(0, part2_bytes, /*writable=*/true));
   } else {
-    ASSIGN_OR_RETURN(UniqueFd fd, OpenShared(descriptor.handle, /*writable=*/true, &what));
-    RETURN_IF_ERROR(CheckObject(fd.get(), descriptor.handle, layout.segment_bytes, what));
-    ASSIGN_OR_RETURN(part1, MapFd(fd.get(), 0, layout.done_offset, PROT_READ, what));
-    ASSIGN_OR_RETURN(part2, MapFd(fd.get(), layout.done_offset, part2_bytes,
-                                  PROT_READ | PROT_WRITE, what));
+    ASSIGN_OR_RETURN(const OpenedShared table,
+                     OpenShared(descriptor.handle, /*writable=*/true, layout.segment_bytes));
+    what = table.what();
+    ASSIGN_OR_RETURN(part1, table.Map(0, layout.done_offset, /*writable=*/false));
+    ASSIGN_OR_RETURN(part2, table.Map(layout.done_offset, part2_bytes, /*writable=*/true));
   }
   FenceHeader header;
   std::memcpy(&header, part1.data(), sizeof(header));
@@ -380,10 +258,8 @@ absl::StatusOr<std::unique_ptr<SharedSegment>> CreateSharedSegment(
 }
 
 absl::StatusOr<ShmMapping> MapSharedSegment(const SharedHandle& handle, uint64_t bytes) {
-  std::string what;
-  ASSIGN_OR_RETURN(UniqueFd fd, OpenShared(handle, /*writable=*/true, &what));
-  RETURN_IF_ERROR(CheckObject(fd.get(), handle, bytes, what));
-  return MapFd(fd.get(), 0, bytes, PROT_READ | PROT_WRITE, what);
+  ASSIGN_OR_RETURN(const OpenedShared object, OpenShared(handle, /*writable=*/true, bytes));
+  return object.Map(0, bytes, /*writable=*/true);
 }
 
 }  // namespace expertd

@@ -1,11 +1,10 @@
 // Shared memory and the fence words of the host device, used by both ends: the daemon's
-// device objects (host_device.cpp) and the client-side mapping (host_shared_memory.cpp, which
-// also defines everything declared here). Internal to the host device.
+// device objects (host_device.cpp) and the client-side mapping. The fence word algorithms and
+// the client side are in host_shared_memory.cpp; the shared-memory objects, the only part that
+// differs by platform, in host_shared_memory_posix.cpp (shm_open, memfd, mmap) and
+// host_shared_memory_win32.cpp (file mappings with their security descriptors); src/device's
+// CMakeLists.txt picks one. Internal to the host device.
 #pragma once
-
-#include <sys/mman.h>
-#include <sys/types.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <string>
@@ -21,83 +20,93 @@ namespace expertd::host_device_internal {
 
 // ---- Errors and OS resource owners ----------------------------------------------------------
 
-// A failed system call on `object`: the status code follows errno (NotFound, PermissionDenied,
-// ResourceExhausted, else Unavailable), kind kIo, message "call(object): strerror".
+// A failed system call on `object`: the status code follows the error (NotFound,
+// PermissionDenied, ResourceExhausted, else Unavailable), kind kIo, message
+// "call(object): text". `err` is an errno value (POSIX) or a Win32 error code (Windows).
 absl::Status SysError(std::string_view call, std::string_view object, int err);
 
-class UniqueFd {
+// A descriptor (POSIX) or a HANDLE (Win32), closed when destroyed; -1 is none.
+class NativeHandle {
  public:
-  explicit UniqueFd(int fd = -1) : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    std::swap(fd_, o.fd_);
+  static constexpr intptr_t kNone = -1;
+  explicit NativeHandle(intptr_t value = kNone) : value_(value) {}
+  NativeHandle(NativeHandle&& o) noexcept : value_(std::exchange(o.value_, kNone)) {}
+  NativeHandle& operator=(NativeHandle&& o) noexcept {
+    std::swap(value_, o.value_);
     return *this;
   }
-  ~UniqueFd() {
-    if (fd_ >= 0) ::close(fd_);
+  NativeHandle(const NativeHandle&) = delete;
+  NativeHandle& operator=(const NativeHandle&) = delete;
+  ~NativeHandle() {
+    if (value_ != kNone) Close(value_);
   }
-  int get() const { return fd_; }
+  intptr_t get() const { return value_; }
+  bool valid() const { return value_ != kNone; }
 
  private:
-  int fd_;
+  static void Close(intptr_t value);
+  intptr_t value_;
 };
 
-// Unlinks a shm_open name when destroyed (clients that mapped it keep their pages).
-class ShmName {
- public:
-  explicit ShmName(std::string name = {}) : name_(std::move(name)) {}
-  ShmName(ShmName&& o) noexcept : name_(std::exchange(o.name_, {})) {}
-  ShmName& operator=(ShmName&& o) noexcept {
-    std::swap(name_, o.name_);
-    return *this;
-  }
-  ~ShmName() {
-    if (!name_.empty()) ::shm_unlink(name_.c_str());
-  }
-  const std::string& get() const { return name_; }
-
- private:
-  std::string name_;
-};
-
-absl::StatusOr<ShmMapping> MapFd(int fd, uint64_t offset, uint64_t bytes, int prot,
-                                 std::string_view what);
+// The unit of mapping offsets and of the fence layout: the page size (POSIX) or the allocation
+// granularity, 64 KiB (Windows, where a view must start at a multiple of it).
 uint64_t PageSize();
 uint64_t PhysicalMemory();
+// `bytes` of private read-write zeroed memory of this process (staging), page-aligned.
+absl::StatusOr<ShmMapping> MapPrivate(uint64_t bytes);
+
+// A shared-memory object a client opened from a SharedHandle, holding at least the bytes it
+// asked for.
+class OpenedShared {
+ public:
+  // Maps [offset, offset + bytes), offset a multiple of PageSize(); read-only unless writable
+  // (which the object must have been opened for).
+  absl::StatusOr<ShmMapping> Map(uint64_t offset, uint64_t bytes, bool writable) const;
+  const std::string& what() const { return what_; }
+
+ private:
+  friend absl::StatusOr<OpenedShared> OpenShared(const SharedHandle& h, bool writable,
+                                                 uint64_t need);
+  OpenedShared() = default;
+  NativeHandle handle_;
+  std::string what_;  // the name, or how it was reached, for errors
+};
+// Opens what `h` names, for a client: a descriptor or handle this process received, else the
+// name, else the exporter's own descriptor or handle (Linux: /proc/<pid>/fd/<fd>, same user or
+// ptrace-read access; Windows: duplicated from the owner process, which needs
+// PROCESS_DUP_HANDLE on it). Checks that it is the object `h` describes (identity where the
+// handle carries one) and holds at least `need` bytes. The access asked for is the object's
+// own check: an arena opened writable is refused.
+absl::StatusOr<OpenedShared> OpenShared(const SharedHandle& h, bool writable, uint64_t need);
 
 // A shared-memory object created by the daemon, mapped read-write, zero-filled.
 class SharedMemory {
  public:
-  // A new object of exactly `bytes` bytes, a named shm object or a memfd per `options.backing`
-  // (`label` names a memfd). A named object has mode `options.shm_mode`, without the group's
-  // and others' write bits unless `clients_write` (arenas: clients only read them); a memfd is
-  // sealed against resizing and, unless `clients_write`, against write mappings other than the
-  // daemon's own (F_SEAL_FUTURE_WRITE). Its name
-  // ends in 64 random bits, so that nobody can create it first (a name taken anyway is
-  // skipped). Errors carry the call, the name and strerror.
+  // A new object of exactly `bytes` bytes, named or anonymous per `options.backing` (`label`
+  // names a memfd). Access: see HostDeviceOptions (POSIX: the mode, memfd seals; Windows: the
+  // security descriptor). Unless `clients_write`, nobody but the daemon's own mapping can write
+  // it (arenas). A name ends in 64 random bits, so that nobody can create it first (a name taken
+  // anyway is skipped). Errors carry the call, the name and the system's text.
   static absl::StatusOr<SharedMemory> Create(const HostDeviceOptions& options,
                                              std::string_view label, uint64_t bytes,
                                              bool clients_write = true);
+  SharedMemory(SharedMemory&& o) noexcept;
+  SharedMemory& operator=(SharedMemory&& o) noexcept;
+  ~SharedMemory();
 
   uint8_t* data() const { return map_.data(); }
   uint64_t bytes() const { return map_.bytes(); }
-  void Unlink() { name_ = ShmName(); }
-  SharedHandle Handle() const {
-    SharedHandle h;
-    h.kind = SharedHandle::Kind::kHostShm;
-    h.shm_name = name_.get();
-    h.fd = fd_.get();
-    h.owner_pid = ::getpid();
-    h.dev = dev_;
-    h.inode = inode_;
-    return h;
-  }
+  // Nobody can open the object by its name any more (POSIX: shm_unlink; Windows: its security
+  // descriptor is emptied, the name goes with the last handle); mappings stay valid.
+  void Unlink();
+  SharedHandle Handle() const;
 
  private:
   SharedMemory() = default;
-  // Destroyed in reverse: unmap, close, unlink.
-  ShmName name_;
-  UniqueFd fd_;
+  // Destroyed in reverse: unmap, close (the destructor unlinks first).
+  std::string name_;       // empty once unlinked, or for an anonymous object
+  NativeHandle handle_;    // the daemon's own, full access
+  NativeHandle exported_;  // Windows: what clients duplicate (no more access than they get)
   ShmMapping map_;
   uint64_t dev_ = 0;
   uint64_t inode_ = 0;
