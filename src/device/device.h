@@ -76,16 +76,22 @@ struct Capabilities {
 struct SharedHandle {
   enum class Kind { kHostShm, kCudaIpc };
   Kind kind = Kind::kHostShm;
-  std::string shm_name;   // shm_open name ("/expertd-<pid>-<n>"), or empty for a memfd
-  int fd = -1;            // the exporter's descriptor; borrowed, valid while the object lives
-  int64_t owner_pid = 0;  // the process holding `fd` (reachable as /proc/<pid>/fd/<fd>)
+  // shm_open name ("/expertd-<pid>-<n>-<random>"; Windows: "Local\expertd-..."), or empty
+  // for an anonymous object (memfd; Windows: a mapping without a name).
+  std::string shm_name;
+  // The exporter's descriptor (Windows: a HANDLE value, with only the clients' access);
+  // borrowed, valid while the object lives.
+  int fd = -1;
+  // The process holding `fd` (reachable as /proc/<pid>/fd/<fd>; Windows: duplicated out of it).
+  int64_t owner_pid = 0;
   // The object's identity (fstat st_dev, st_ino): a client checks it, so a reused name or
-  // descriptor number never maps someone else's memory.
+  // descriptor number never maps someone else's memory. 0 on Windows, whose names end in 64
+  // random bits.
   uint64_t dev = 0;
   uint64_t inode = 0;
   std::string ipc_handle;  // CUDA only
-  // Client side: a descriptor of this process for the object (received over the daemon's
-  // handle socket); opened instead of the name or /proc path when set.
+  // Client side: a descriptor (Windows: a handle) of this process for the object, received from
+  // the daemon; opened instead of the name or the owner's descriptor when set.
   int passed_fd = -1;
 };
 

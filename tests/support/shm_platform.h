@@ -1,7 +1,7 @@
 // What device_test expects of the platform's shared memory (host_shared_memory_posix.cpp or
 // host_shared_memory_win32.cpp): names, the calls errors name, and a probe of a mapping's
-// protection (also engine_test's). Defined in shm_platform_posix.cpp or shm_platform_win32.cpp (tests/CMakeLists.txt
-// picks one).
+// protection (also engine_test's). Defined in shm_platform_posix.cpp or shm_platform_win32.cpp
+// (tests/CMakeLists.txt picks one).
 #pragma once
 
 #include <cstdint>

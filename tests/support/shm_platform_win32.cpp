@@ -7,7 +7,8 @@
 namespace expertd::testing {
 
 std::string ShmNamePrefix(std::string_view prefix) {
-  return absl::StrCat("Local\\", absl::string_view(prefix.data(), prefix.size()), "-", GetCurrentProcessId(), "-");
+  return absl::StrCat("Local\\", absl::string_view(prefix.data(), prefix.size()), "-",
+                      GetCurrentProcessId(), "-");
 }
 std::string MissingShmName() { return "Local\\expertd-test-no-such-object"; }
 const char* const kOpenByNameCall = "OpenFileMapping";

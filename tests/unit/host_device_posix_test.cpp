@@ -28,7 +28,9 @@ T Must(absl::StatusOr<T> v) {
   return std::move(*v);
 }
 
-std::unique_ptr<Device> NewDevice(HostDeviceOptions options) { return Must(MakeHostDevice(std::move(options))); }
+std::unique_ptr<Device> NewDevice(HostDeviceOptions options) {
+  return Must(MakeHostDevice(std::move(options)));
+}
 
 // With group access (shm_mode 0660) an arena still gives the group only read access: clients
 // never write slots. Fence tables keep the mode (clients store their done words there). Names

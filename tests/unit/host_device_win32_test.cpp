@@ -16,6 +16,7 @@
 #include "device/host/host_device.h"
 #include "support/shm_platform.h"
 #include "support/test_support.h"
+#include "util/win32_text.h"
 
 namespace expertd {
 namespace {
@@ -30,8 +31,6 @@ T Must(absl::StatusOr<T> v) {
   if (!v.ok()) throw std::runtime_error(v.status().ToString());
   return std::move(*v);
 }
-
-std::wstring Wide(const std::string& s) { return std::wstring(s.begin(), s.end()); }
 
 std::string SidText(PSID sid) {
   char* text = nullptr;
@@ -55,13 +54,13 @@ std::string UserSid() {
 // entry or an inherited one (the DACL is protected and says everything itself).
 std::vector<std::pair<std::string, DWORD>> Dacl(const std::string& name) {
   std::vector<std::pair<std::string, DWORD>> out;
-  HANDLE h = OpenFileMappingW(READ_CONTROL, FALSE, Wide(name).c_str());
+  HANDLE h = OpenFileMappingW(READ_CONTROL, FALSE, win32::Wide(name).c_str());
   EXPECT_NE(h, nullptr) << name << ": " << GetLastError();
   if (h == nullptr) return out;
   PACL dacl = nullptr;
   PSECURITY_DESCRIPTOR sd = nullptr;
-  EXPECT_EQ(GetSecurityInfo(h, SE_KERNEL_OBJECT, DACL_SECURITY_INFORMATION, nullptr, nullptr,
-                            &dacl, nullptr, &sd),
+  EXPECT_EQ(GetSecurityInfo(h, SE_KERNEL_OBJECT, DACL_SECURITY_INFORMATION, nullptr, nullptr, &dacl,
+                            nullptr, &sd),
             static_cast<DWORD>(ERROR_SUCCESS));
   CloseHandle(h);
   for (DWORD i = 0; dacl != nullptr && i < dacl->AceCount; ++i) {
@@ -137,8 +136,8 @@ TEST(HostDeviceWin32Test, EveryObjectsDaclSaysWhoMayMapItForWhat) {
 // handle has read access only), whatever the mode. Reading works either way; the daemon's own
 // mapping writes.
 TEST(HostDeviceWin32Test, ArenasAndTablesRefuseWriteOpens) {
-  for (const auto backing : {HostDeviceOptions::Backing::kShmOpen,
-                             HostDeviceOptions::Backing::kMemfd}) {
+  for (const auto backing :
+       {HostDeviceOptions::Backing::kShmOpen, HostDeviceOptions::Backing::kMemfd}) {
     HostDeviceOptions o;
     o.shm_prefix = "expertd-test";
     o.backing = backing;
@@ -150,9 +149,10 @@ TEST(HostDeviceWin32Test, ArenasAndTablesRefuseWriteOpens) {
     const FenceExport fe = Must(fences->Export());
     if (backing == HostDeviceOptions::Backing::kShmOpen) {
       for (const std::string& name : {ae.handle.shm_name, fe.handle.shm_name}) {
-        EXPECT_EQ(OpenFileMappingW(FILE_MAP_WRITE, FALSE, Wide(name).c_str()), nullptr) << name;
+        EXPECT_EQ(OpenFileMappingW(FILE_MAP_WRITE, FALSE, win32::Wide(name).c_str()), nullptr)
+            << name;
         EXPECT_EQ(GetLastError(), static_cast<DWORD>(ERROR_ACCESS_DENIED)) << name;
-        HANDLE r = OpenFileMappingW(FILE_MAP_READ, FALSE, Wide(name).c_str());
+        HANDLE r = OpenFileMappingW(FILE_MAP_READ, FALSE, win32::Wide(name).c_str());
         EXPECT_NE(r, nullptr) << name;
         if (r != nullptr) CloseHandle(r);
       }

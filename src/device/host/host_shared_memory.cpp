@@ -29,6 +29,12 @@ uint32_t* FutexWord(uint64_t* counter) {
 }
 }  // namespace
 
+absl::Status CheckObjectSize(const std::string& what, uint64_t have, uint64_t need) {
+  if (have >= need) return absl::OkStatus();
+  return InvalidError(ErrorKind::kOutOfBounds, absl::StrCat("shared object ", what, " has ", have,
+                                                            " bytes; its descriptor says ", need));
+}
+
 // ---- The daemon's objects ---------------------------------------------------------------------
 
 SharedMemory::SharedMemory(SharedMemory&& o) noexcept
@@ -88,7 +94,8 @@ absl::Status AdvanceCounter(uint64_t* array, uint32_t* waiters, SlotId slot, uin
     if (generation == current) return absl::OkStatus();
   } while (!counter.compare_exchange_weak(current, generation, std::memory_order_seq_cst,
                                           std::memory_order_relaxed));
-  if (waiters == nullptr || std::atomic_ref<uint32_t>(*waiters).load(std::memory_order_seq_cst) != 0) {
+  if (waiters == nullptr ||
+      std::atomic_ref<uint32_t>(*waiters).load(std::memory_order_seq_cst) != 0) {
     FutexWakeAll(FutexWord(&array[slot]));
   }
   return absl::OkStatus();
@@ -250,8 +257,9 @@ class SegmentImpl final : public SharedSegment {
 };
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SharedSegment>> CreateSharedSegment(
-    const HostDeviceOptions& options, std::string_view label, uint64_t bytes) {
+absl::StatusOr<std::unique_ptr<SharedSegment>> CreateSharedSegment(const HostDeviceOptions& options,
+                                                                   std::string_view label,
+                                                                   uint64_t bytes) {
   ASSIGN_OR_RETURN(host_device_internal::SharedMemory memory,
                    host_device_internal::SharedMemory::Create(options, label, bytes));
   return std::unique_ptr<SharedSegment>(new SegmentImpl(std::move(memory)));

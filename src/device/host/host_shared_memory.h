@@ -55,6 +55,10 @@ uint64_t PhysicalMemory();
 // `bytes` of private read-write zeroed memory of this process (staging), page-aligned.
 absl::StatusOr<ShmMapping> MapPrivate(uint64_t bytes);
 
+// InvalidArgument (kOutOfBounds) when an object of `have` bytes is smaller than the `need` its
+// descriptor says; both platforms' OpenShared use it.
+absl::Status CheckObjectSize(const std::string& what, uint64_t have, uint64_t need);
+
 // A shared-memory object a client opened from a SharedHandle, holding at least the bytes it
 // asked for.
 class OpenedShared {

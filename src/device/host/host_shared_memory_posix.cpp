@@ -54,12 +54,12 @@ uint64_t PhysicalMemory() { return static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGE
 
 absl::StatusOr<ShmMapping> MapPrivate(uint64_t bytes) {
   void* addr = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (addr == MAP_FAILED) return SysError("mmap", absl::StrCat("staging, ", bytes, " bytes"), errno);
+  if (addr == MAP_FAILED)
+    return SysError("mmap", absl::StrCat("staging, ", bytes, " bytes"), errno);
   return ShmMapping(addr, bytes);
 }
 
-absl::StatusOr<ShmMapping> OpenedShared::Map(uint64_t offset, uint64_t bytes,
-                                             bool writable) const {
+absl::StatusOr<ShmMapping> OpenedShared::Map(uint64_t offset, uint64_t bytes, bool writable) const {
   return MapFd(Fd(handle_), offset, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, what_);
 }
 
@@ -93,11 +93,7 @@ absl::StatusOr<OpenedShared> OpenShared(const SharedHandle& h, bool writable, ui
                      absl::StrCat("shared object ", what, " is no longer the one exported (inode ",
                                   st.st_ino, ", expected ", h.inode, ")"));
   }
-  if (static_cast<uint64_t>(st.st_size) < need) {
-    return InvalidError(ErrorKind::kOutOfBounds,
-                        absl::StrCat("shared object ", what, " has ", st.st_size,
-                                     " bytes; its descriptor says ", need));
-  }
+  RETURN_IF_ERROR(CheckObjectSize(what, static_cast<uint64_t>(st.st_size), need));
   return o;
 }
 
@@ -148,8 +144,8 @@ absl::StatusOr<SharedMemory> SharedMemory::Create(const HostDeviceOptions& optio
     // A memfd has no mode that keeps a client from writing through the descriptor it is passed
     // (or from reopening it read-write through /proc): objects clients only read are sealed
     // against every write mapping made after the daemon's own.
-    const int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL |
-                      (clients_write ? 0 : F_SEAL_FUTURE_WRITE);
+    const int seals =
+        F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL | (clients_write ? 0 : F_SEAL_FUTURE_WRITE);
     if (::fcntl(fd, F_ADD_SEALS, seals) != 0) return SysError("fcntl(F_ADD_SEALS)", what, errno);
   }
   return m;

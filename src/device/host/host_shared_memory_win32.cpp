@@ -151,17 +151,16 @@ uint64_t PhysicalMemory() {
 
 absl::StatusOr<ShmMapping> MapPrivate(uint64_t bytes) {
   const std::string what = absl::StrCat("staging, ", bytes, " bytes");
-  const NativeHandle section(I(CreateFileMappingW(INVALID_HANDLE_VALUE, nullptr, PAGE_READWRITE,
-                                                  static_cast<DWORD>(bytes >> 32),
-                                                  static_cast<DWORD>(bytes), nullptr)));
+  const NativeHandle section(
+      I(CreateFileMappingW(INVALID_HANDLE_VALUE, nullptr, PAGE_READWRITE,
+                           static_cast<DWORD>(bytes >> 32), static_cast<DWORD>(bytes), nullptr)));
   if (!section.valid()) return LastError("CreateFileMapping", what);
   void* view = MapViewOfFile(H(section), FILE_MAP_WRITE, 0, 0, bytes);
   if (view == nullptr) return LastError("MapViewOfFile", what);
   return ShmMapping(view, bytes);  // the view keeps the section
 }
 
-absl::StatusOr<ShmMapping> OpenedShared::Map(uint64_t offset, uint64_t bytes,
-                                             bool writable) const {
+absl::StatusOr<ShmMapping> OpenedShared::Map(uint64_t offset, uint64_t bytes, bool writable) const {
   void* view = MapViewOfFile(H(handle_), writable ? FILE_MAP_WRITE : FILE_MAP_READ,
                              static_cast<DWORD>(offset >> 32), static_cast<DWORD>(offset), bytes);
   if (view == nullptr) return LastError("MapViewOfFile", what_);
@@ -214,11 +213,7 @@ absl::StatusOr<OpenedShared> OpenShared(const SharedHandle& h, bool writable, ui
   const SIZE_T got = VirtualQuery(whole, &info, sizeof info);
   UnmapViewOfFile(whole);
   if (got == 0) return LastError("VirtualQuery", what);
-  if (info.RegionSize < need) {
-    return InvalidError(ErrorKind::kOutOfBounds,
-                        absl::StrCat("shared object ", what, " has ", info.RegionSize,
-                                     " bytes; its descriptor says ", need));
-  }
+  RETURN_IF_ERROR(CheckObjectSize(what, info.RegionSize, need));
   return o;
 }
 
@@ -228,8 +223,8 @@ absl::StatusOr<SharedMemory> SharedMemory::Create(const HostDeviceOptions& optio
   SharedMemory m;
   ASSIGN_OR_RETURN(const std::string sddl, SecurityFor(options, clients_write));
   PSECURITY_DESCRIPTOR sd_raw = nullptr;
-  if (!ConvertStringSecurityDescriptorToSecurityDescriptorA(sddl.c_str(), SDDL_REVISION_1,
-                                                            &sd_raw, nullptr)) {
+  if (!ConvertStringSecurityDescriptorToSecurityDescriptorA(sddl.c_str(), SDDL_REVISION_1, &sd_raw,
+                                                            nullptr)) {
     return LastError("ConvertStringSecurityDescriptorToSecurityDescriptor", sddl);
   }
   const std::unique_ptr<void, LocalFreeDeleter> sd(sd_raw);
@@ -247,9 +242,8 @@ absl::StatusOr<SharedMemory> SharedMemory::Create(const HostDeviceOptions& optio
       }
       what = absl::StrCat("Local\\", options.shm_prefix, "-", CurrentProcessId(), "-",
                           g_shm_serial++, "-", absl::Hex(nonce, absl::kZeroPad16));
-      HANDLE h = CreateFileMappingW(INVALID_HANDLE_VALUE, &attributes,
-                                    PAGE_READWRITE | SEC_COMMIT, high, low,
-                                    win32::Wide(what).c_str());
+      HANDLE h = CreateFileMappingW(INVALID_HANDLE_VALUE, &attributes, PAGE_READWRITE | SEC_COMMIT,
+                                    high, low, win32::Wide(what).c_str());
       const DWORD err = GetLastError();
       if (h != nullptr && err != ERROR_ALREADY_EXISTS) {
         m.handle_ = NativeHandle(I(h));
