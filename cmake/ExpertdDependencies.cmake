@@ -1,5 +1,5 @@
 # Third-party libraries, all from Debian packages installed by scripts/setup. The core-only
-# build (EXPERTD_CORE_ONLY) needs only Abseil, nlohmann-json, xxHash and googletest; for the
+# build (EXPERTD_CORE_ONLY) needs only Abseil, nlohmann-json, CLI11, xxHash and googletest; for the
 # Windows cross-build scripts/windows-check builds or stages them in its own prefix.
 # EXPERTD_ABSEIL_SOURCE / EXPERTD_GOOGLETEST_SOURCE: source trees built as part of the project
 # (only the targets it links) instead of installed packages, for a cross-build that has none.
@@ -45,10 +45,16 @@ if(EXPERTD_BUILD_TESTS AND EXPERTD_GOOGLETEST_SOURCE)
 elseif(EXPERTD_BUILD_TESTS)
   find_package(GTest REQUIRED CONFIG)
 endif()
+find_package(CLI11 QUIET CONFIG)
+if(NOT CLI11_FOUND)
+  # Header-only, like nlohmann-json: expertctl's file tools in the cross-build.
+  find_path(EXPERTD_CLI11_INCLUDE CLI/CLI.hpp REQUIRED)
+  add_library(CLI11::CLI11 INTERFACE IMPORTED)
+  target_include_directories(CLI11::CLI11 INTERFACE ${EXPERTD_CLI11_INCLUDE})
+endif()
 if(EXPERTD_CORE_ONLY)
   return()
 endif()
-find_package(CLI11 REQUIRED CONFIG)
 # The service: protobuf + gRPC (protoc and grpc_cpp_plugin generate proto/), spdlog for the
 # daemon's log, libsystemd for sd_notify, cpp-httplib for the metrics listener.
 find_package(Protobuf REQUIRED)

@@ -18,5 +18,8 @@ void AddTraceCommands(CLI::App& app, int* exit_code);
 void AddHealthCommand(CLI::App& app, int* exit_code);
 void AddStatsCommand(CLI::App& app, int* exit_code);
 void AddBenchCommand(CLI::App& app, int* exit_code);
+// health, stats and bench (service_commands.cpp); nothing where no client library is built
+// (service_commands_none.cpp).
+void AddServiceCommands(CLI::App& app, int* exit_code);
 
 }  // namespace expertd::ctl

@@ -1,5 +1,6 @@
-// expertctl: the operator's tool for expertd. Model tools (inspect, synth, index) work on files
-// directly; service tools arrive with the daemon.
+// expertctl: the operator's tool for expertd. The file tools (inspect, synth, index, replay,
+// trace) work on files directly; the service tools (health, stats, bench) talk to a daemon and
+// exist only where the client library is built (not in the core-only Windows build).
 #include <cstdio>
 
 #include "commands.h"
@@ -14,9 +15,7 @@ int main(int argc, char** argv) {
   expertd::ctl::AddIndexCommands(app, &exit_code);
   expertd::ctl::AddReplayCommand(app, &exit_code);
   expertd::ctl::AddTraceCommands(app, &exit_code);
-  expertd::ctl::AddHealthCommand(app, &exit_code);
-  expertd::ctl::AddStatsCommand(app, &exit_code);
-  expertd::ctl::AddBenchCommand(app, &exit_code);
+  expertd::ctl::AddServiceCommands(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
