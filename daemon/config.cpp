@@ -417,6 +417,7 @@ void ReadRoot(Reader& r, const toml::table& root, DaemonConfig& c) {
   const std::vector<Reader::Field> lane = {
       {"enabled", r.Into<bool>(c.lane.enabled, AsBool)},
       {"spin_us", r.Into(c.lane.spin_us, IntIn<uint32_t>(0, 10000))},
+      {"client_hits", r.Into<bool>(c.lane.client_hits, AsBool)},
       {"request_ring_bytes", r.Into(c.lane.request_ring_bytes, BytesIn(64 << 10, 16 << 20))},
       {"response_ring_bytes", r.Into(c.lane.response_ring_bytes, BytesIn(64 << 10, 16 << 20))}};
   const std::vector<Reader::Field> logging = {
@@ -644,6 +645,7 @@ absl::Status ApplyReloadable(const DaemonConfig& fresh, DaemonConfig& live) {
   diff("limits.drain_timeout", fm.drain_timeout, lm.drain_timeout);
   diff("lane.enabled", fresh.lane.enabled, live.lane.enabled);
   diff("lane.spin_us", fresh.lane.spin_us, live.lane.spin_us);
+  diff("lane.client_hits", fresh.lane.client_hits, live.lane.client_hits);
   diff("lane.request_ring_bytes", fresh.lane.request_ring_bytes, live.lane.request_ring_bytes);
   diff("lane.response_ring_bytes", fresh.lane.response_ring_bytes, live.lane.response_ring_bytes);
   diff("logging.format", fresh.logging.format, live.logging.format);

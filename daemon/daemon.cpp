@@ -65,6 +65,7 @@ LaneOptions LanesFrom(const DaemonConfig& config) {
   LaneOptions o;
   o.enabled = config.lane.enabled;
   o.spin = absl::Microseconds(config.lane.spin_us);
+  o.client_hits = config.lane.client_hits;
   o.geometry.request_bytes = config.lane.request_ring_bytes;
   o.geometry.response_bytes = config.lane.response_ring_bytes;
   o.shm.shm_prefix = "expertd-lane";

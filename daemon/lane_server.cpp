@@ -50,6 +50,7 @@ v1::LaneHandle LaneServer::handle() const {
   out.set_segment_bytes(options_.geometry.segment_bytes());
   out.set_request_bytes(options_.geometry.request_bytes);
   out.set_response_bytes(options_.geometry.response_bytes);
+  out.set_pin_words(options_.geometry.pin_words);
   return out;
 }
 

@@ -33,7 +33,8 @@ namespace expertd {
 
 struct LaneOptions {
   bool enabled = true;  // offer lanes to sessions over the Unix socket
-  lane::LaneGeometry geometry;
+  lane::LaneGeometry geometry;  // pin_words is set per session
+  bool client_hits = true;      // offer client-side hits where the engine publishes residency
   absl::Duration spin = absl::Microseconds(50);
   uint32_t max_deferred = 4096;
   HostDeviceOptions shm;  // backing, name prefix and mode of the segments (as the arenas')
@@ -63,6 +64,8 @@ class LaneServer final : public Outbox,
   bool Push(v1::SessionResponse message) override;
 
   v1::LaneStats Stats() const;
+  // The session's pin words in the segment (client-side hits); empty without them.
+  std::span<uint64_t> pins() const { return end_.pins(); }
   bool failed() const { return failed_.load(); }
 
  private:

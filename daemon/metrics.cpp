@@ -62,6 +62,11 @@ std::string RenderMetrics(ServiceState& state) {
   out << "expertd_up " << (state.serving.load() ? 1 : 0) << '\n';
   counter("expertd_slot_hits_total", "Acquired experts that were resident.",
           [](const Row& r) { return r.e.pool.hits; });
+  counter("expertd_client_hits_total",
+          "Of those, hits clients made on their own through the residency table and reported.",
+          [](const Row& r) { return r.e.pool.client_hits; });
+  counter("expertd_pinned_skips_total", "Eviction victims skipped because a client pinned them.",
+          [](const Row& r) { return r.e.pool.pinned_skips; });
   counter("expertd_slot_misses_total", "Acquired experts that needed a read.",
           [](const Row& r) { return r.e.pool.misses; });
   counter("expertd_slot_joins_total", "Acquired experts that joined a read in flight.",

@@ -191,6 +191,15 @@ absl::Status ServedModel::BuildHandles() {
       a->set_slot_stride(first->projections[p].expert_bytes);
       a->set_label(ex->label);
     }
+    if (const Arena* table = engine_->residency(sc.id)) {
+      absl::StatusOr<ArenaExport> ex = table->Export();
+      if (!ex.ok()) return ex.status();
+      v1::ArenaHandle* a = h.mutable_residency();
+      *a->mutable_memory() = ToProto(ex->handle);
+      a->set_bytes(ex->bytes);
+      a->set_reserved_bytes(ex->reserved_bytes);
+      a->set_label(ex->label);
+    }
     absl::StatusOr<FenceExport> fx = engine_->fences(sc.id).Export();
     if (!fx.ok()) return fx.status();
     // Every session is sent its own fences (OpenSession replaces this with them).

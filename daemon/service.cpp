@@ -116,6 +116,7 @@ std::vector<int> MarkPassed(v1::OpenSessionResponse* response) {
   };
   for (v1::SlotClassHandles& h : *response->mutable_slot_classes()) {
     for (v1::ArenaHandle& a : *h.mutable_arenas()) mark(a.mutable_memory());
+    if (h.has_residency()) mark(h.mutable_residency()->mutable_memory());
     if (h.has_fences()) {
       mark(h.mutable_fences()->mutable_memory());
       if (h.fences().has_session_done()) mark(h.mutable_fences()->mutable_session_done());
@@ -200,6 +201,8 @@ void AddModelStats(const std::string& name, const ServedModel& model,
   m->set_bytes_read(e.bytes_read);
   m->set_bytes_copied(e.bytes_copied);
   m->set_bytes_direct(e.bytes_direct);
+  m->set_client_hits(e.pool.client_hits);
+  m->set_pinned_skips(e.pool.pinned_skips);
   m->set_fills_failed(e.fills_failed);
   m->set_stall_p50_us(e.stall_p50_us);
   m->set_stall_p99_us(e.stall_p99_us);

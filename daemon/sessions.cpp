@@ -99,7 +99,11 @@ void Session::Touch() {
   last_request_ = absl::Now();
 }
 
-Session::~Session() = default;
+Session::~Session() { DropPins(); }
+
+void Session::DropPins() {
+  if (lane_ && !lane_->pins().empty()) model_->engine().RemovePins(PinOwner());
+}
 
 void Session::Push(v1::SessionResponse message) {
   std::shared_ptr<Outbox> outbox;
@@ -309,6 +313,11 @@ void Session::HandleLane(const lane::Request& r) {
         Prefetch(p);
       }
       return;
+    case lane::RecordType::kHits:
+      client_hits_.fetch_add(r.experts.size(), std::memory_order_relaxed);
+      Touch();
+      model_->engine().RecordClientHits(r.layer, r.experts);
+      return;
     case lane::RecordType::kRelease:
       for (uint64_t lease : r.leases) {
         v1::Release rel;
@@ -369,7 +378,10 @@ v1::SessionStats Session::Stats() const {
   s.set_acquire_p50_us(c.stall.Quantile(0.50) / 1e3);
   s.set_acquire_p99_us(c.stall.Quantile(0.99) / 1e3);
   s.set_transport(lane_ ? "lane" : "stream");
-  if (lane_) *s.mutable_lane() = lane_->Stats();
+  if (lane_) {
+    *s.mutable_lane() = lane_->Stats();
+    s.mutable_lane()->set_client_hits(client_hits_.load(std::memory_order_relaxed));
+  }
   return s;
 }
 
@@ -434,8 +446,12 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(ServedModel* mode
                               : "this daemon offers no request lanes (lane.enabled = false)");
       }
     } else {
+      // Client-side hits: the lane carries the session's pin words when the engine publishes
+      // residency (host device, lane.client_hits).
+      LaneOptions options = *lanes_;
+      options.geometry.pin_words = options.client_hits ? model->engine().PinWords() : 0;
       absl::StatusOr<std::shared_ptr<LaneServer>> made =
-          LaneServer::Create(*lanes_, absl::StrCat("lane-", client_name));
+          LaneServer::Create(options, absl::StrCat("lane-", client_name));
       if (!made.ok()) {
         return absl::Status(made.status().code(),
                             absl::StrCat("request lane: ", made.status().message()));
@@ -464,6 +480,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(ServedModel* mode
   s->fences_ = std::move(fences);
   s->fence_handles_ = std::move(fence_handles);
   s->lane_ = std::move(lane);
+  if (s->lane_ && !s->lane_->pins().empty()) {
+    model->engine().AddPins(s->PinOwner(), s->lane_->pins());
+  }
   sessions_.emplace(s->id(), s);
   return s;
 }
@@ -576,6 +595,7 @@ void SessionRegistry::End(const std::shared_ptr<Session>& session) {
   if (session->lane_) {
     session->lane_->Stop();
     session->lane_->Join();
+    session->DropPins();  // its client's reads ended with it (host device)
   }
   std::vector<Grant> now;
   std::vector<std::shared_ptr<Session>> gone;

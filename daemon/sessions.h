@@ -135,6 +135,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool WaitsForClient() const;
   // The client process exited: none of its done records is waited for.
   void ClientGone();
+  // Client-side hits: this session's pin row in the engine (registered at Open).
+  uint64_t PinOwner() const { return reinterpret_cast<uintptr_t>(this); }
+  void DropPins();
 
   SessionRegistry* const registry_;
   const std::string id_;
@@ -165,6 +168,7 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t next_lease_ = 1;
   std::map<uint64_t, Lease> leases_;
   SessionCounters counters_;
+  std::atomic<uint64_t> client_hits_{0};  // experts of the client's kHits records
 };
 
 class SessionRegistry {

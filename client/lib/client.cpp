@@ -5,12 +5,14 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "device/cuda_factory.h"
@@ -38,15 +40,29 @@ using internal::ToHandle;
 // How long a caller watches the lane for its answer (yielding the core meanwhile) before it
 // sleeps on the lane's doorbell: a hit is answered within microseconds, a miss takes a read.
 constexpr absl::Duration kLaneSpin = absl::Microseconds(50);
+// Leases served in this process (client-side hits) have the top bit set; the daemon's never do.
+constexpr uint64_t kLocalLease = uint64_t{1} << 63;
 
 class SessionImpl final : public Session {
  public:
   SessionImpl(std::shared_ptr<grpc::Channel> channel, v1::OpenSessionResponse info,
               std::vector<SlotClassView> classes, std::unique_ptr<ClientLane> lane,
-              int cuda_device)
+              int cuda_device, bool client_hits)
       : stub_(v1::Expertd::NewStub(channel)), info_(std::move(info)),
         classes_(std::move(classes)), cuda_(info_.device_kind() == "cuda"),
-        cuda_device_(cuda_ ? cuda_device : -1), lane_(std::move(lane)) {}
+        cuda_device_(cuda_ ? cuda_device : -1), lane_(std::move(lane)) {
+    hits_ = client_hits && !cuda_ && lane_ != nullptr && !lane_->end.pins().empty();
+    uint64_t words = 0;
+    for (uint32_t c = 0; hits_ && c < classes_.size(); ++c) {
+      const SlotClassView& v = classes_[c];
+      hits_ = v.residency != nullptr;
+      for (uint32_t i = 0; hits_ && i < v.layers.size(); ++i) layer_class_[v.layers[i]] = {c, i};
+      words += info_.slot_classes(static_cast<int>(c)).slots();
+      pin_counts_.emplace_back(info_.slot_classes(static_cast<int>(c)).slots(), 0);
+      pin_generations_.emplace_back(info_.slot_classes(static_cast<int>(c)).slots(), 0);
+    }
+    hits_ = hits_ && words <= lane_->end.pins().size();
+  }
 
   ~SessionImpl() override { Close(); }
 
@@ -91,6 +107,9 @@ class SessionImpl final : public Session {
 
   absl::StatusOr<Lease> Acquire(uint32_t layer, std::span<const uint32_t> experts,
                                 absl::Duration timeout) override {
+    if (hits_) {
+      if (std::optional<Lease> local = PinResident(layer, experts)) return *std::move(local);
+    }
     const absl::Time deadline = absl::Now() + timeout;
     absl::Duration backoff = absl::Microseconds(200);
     for (;;) {
@@ -132,6 +151,7 @@ class SessionImpl final : public Session {
   }
 
   std::string_view transport() const override { return lane_ ? "lane" : "stream"; }
+  bool client_hits() const override { return hits_; }
 
   absl::Status WaitReady(const Lease& lease, void* cuda_stream) override {
     if (!cuda_) return absl::OkStatus();
@@ -206,6 +226,7 @@ class SessionImpl final : public Session {
   }
 
   absl::Status Give(const Lease& lease, bool wake) {
+    if ((lease.id & kLocalLease) != 0) return Unpin(lease);
     if (cuda_) {
       // Recorded: the daemon's next copies wait for the record. Never waited for: no stream of
       // this library was ordered after its copies, so nothing read it through us (a give-back,
@@ -237,6 +258,7 @@ class SessionImpl final : public Session {
   }
 
   absl::Status SignalHostDone(const Lease& lease) {
+    if ((lease.id & kLocalLease) != 0) return absl::OkStatus();  // pinned: nothing waits for done
     for (const SlotView& s : lease.slots) {
       MappedFences* f = classes_.at(s.slot_class).fences.get();
       if (f->done(s.slot) < s.generation) {
@@ -282,6 +304,91 @@ class SessionImpl final : public Session {
     v1::Grant grant;
     absl::Status status;
   };
+
+  // Client-side hits: pins every expert of `layer` through the residency table when all are
+  // resident (a lease of this process, reported to the daemon afterwards); nullopt, with nothing
+  // pinned, when one is not: the caller asks the daemon.
+  std::optional<Lease> PinResident(uint32_t layer, std::span<const uint32_t> experts) {
+    const auto where = layer_class_.find(layer);
+    if (where == layer_class_.end() || experts.empty() ||
+        experts.size() > info_.limits().max_experts_per_acquire()) {
+      return std::nullopt;  // the daemon answers (and refuses what breaks its limits)
+    }
+    // A session whose stream or lane ended serves nothing here: the daemon answers why.
+    if (lane_->end.state() != lane::kStateOpen || closed()) return std::nullopt;
+    const auto [cls, index] = where->second;
+    const SlotClassView& c = classes_[cls];
+    const uint32_t slots = info_.slot_classes(static_cast<int>(cls)).slots();
+    const residency::Table table =
+        residency::Table::At(const_cast<uint8_t*>(c.residency->data().data()), slots,
+                             static_cast<uint32_t>(c.layers.size()), c.n_expert);
+    uint64_t* pins = lane_->end.pins().data() + c.pin_base;
+    Lease lease;
+    lease.layer = layer;
+    std::lock_guard<std::mutex> lock(pins_mu_);
+    std::vector<uint32_t>& counts = pin_counts_[cls];
+    std::vector<uint64_t>& generations = pin_generations_[cls];
+    const auto undo = [&] {
+      for (const SlotView& v : lease.slots) {
+        if (--counts[v.slot] == 0) residency::Unpin(pins, v.slot);
+      }
+      return std::nullopt;
+    };
+    for (uint32_t e : experts) {
+      const residency::Pinned p = residency::TryPin(
+          table, pins, index, e, residency::Key(layer, e),
+          [&](SlotId s, uint64_t) { return counts[s] > 0; });
+      if (p.slot == kNoSlot) return undo();
+      if (counts[p.slot] > 0 && generations[p.slot] != p.generation) return undo();
+      if (counts[p.slot]++ == 0) generations[p.slot] = p.generation;
+      SlotView v;
+      v.expert = e;
+      v.slot_class = cls;
+      v.slot = p.slot;
+      v.generation = p.generation;
+      v.hit = true;
+      for (size_t proj = 0; proj < c.arenas.size(); ++proj) {
+        const uint64_t off = uint64_t{p.slot} * c.strides[proj];
+        std::span<const uint8_t> all = c.arenas[proj]->data();
+        if (off + c.strides[proj] > all.size()) {
+          lease.slots.push_back(std::move(v));
+          return undo();
+        }
+        v.projections.push_back(all.subspan(off, c.strides[proj]));
+      }
+      lease.slots.push_back(std::move(v));
+    }
+    lease.id = kLocalLease | next_local_++;
+    ReportHits(layer, experts);
+    return lease;
+  }
+
+  absl::Status Unpin(const Lease& lease) {
+    std::lock_guard<std::mutex> lock(pins_mu_);
+    for (const SlotView& v : lease.slots) {
+      if (v.slot_class >= pin_counts_.size() || v.slot >= pin_counts_[v.slot_class].size() ||
+          pin_counts_[v.slot_class][v.slot] == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("lease ", lease.id, " is not pinned in this session (released twice?)"));
+      }
+    }
+    for (const SlotView& v : lease.slots) {
+      if (--pin_counts_[v.slot_class][v.slot] == 0) {
+        residency::Unpin(lane_->end.pins().data() + classes_[v.slot_class].pin_base, v.slot);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The daemon learns of client-side hits from a record it reads with its next look at the
+  // lane (no wake-up): eviction recency, statistics and the predictor see every access. A full
+  // ring wakes it; a report that still finds no room is dropped (counted nowhere but harmless).
+  void ReportHits(uint32_t layer, std::span<const uint32_t> experts) {
+    std::lock_guard<std::mutex> lock(lane_->write_mu);
+    lane_->record.clear();
+    if (!lane::EncodeHits(layer, experts, &lane_->record).ok()) return;
+    if (!lane_->end.Write(lane_->record, /*wake=*/false)) lane_->end.Write(lane_->record);
+  }
 
   uint64_t NextSeq() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -571,6 +678,13 @@ class SessionImpl final : public Session {
   std::string end_reason_;
   std::unique_ptr<ClientLane> lane_;  // nullptr: requests go on the stream
   absl::Status lane_broken_;          // the daemon wrote a record this client cannot read
+  // Client-side hits: fixed after construction, except what pins_mu_ guards.
+  bool hits_ = false;
+  absl::flat_hash_map<uint32_t, std::pair<uint32_t, uint32_t>> layer_class_;  // layer → class, index
+  std::mutex pins_mu_;
+  std::vector<std::vector<uint32_t>> pin_counts_;       // per class, per slot: this process's pins
+  std::vector<std::vector<uint64_t>> pin_generations_;  // the generation each count pins
+  uint64_t next_local_ = 1;                             // guarded by pins_mu_
 };
 
 class ClientImpl final : public Client {
@@ -666,6 +780,7 @@ class ClientImpl final : public Client {
       passed = *std::move(fetched);
     }
     std::vector<SlotClassView> classes;
+    uint64_t pin_base = 0;
     for (const v1::SlotClassHandles& h : resp.slot_classes()) {
       SlotClassView c;
       for (const v1::ArenaHandle& a : h.arenas()) {
@@ -681,6 +796,26 @@ class ClientImpl final : public Client {
         }
         c.strides.push_back(a.slot_stride());
       }
+      if (!cuda && h.has_residency() &&
+          static_cast<int>(classes.size()) < resp.model().slot_classes_size()) {
+        absl::StatusOr<std::shared_ptr<MappedArena>> m = ArenaCache::Get().Map(h.residency(), passed);
+        if (!m.ok()) return m.status();
+        c.residency = *std::move(m);
+        const v1::SlotClass& sc = resp.model().slot_classes(static_cast<int>(classes.size()));
+        c.layers.assign(sc.layers().begin(), sc.layers().end());
+        c.pin_base = pin_base;
+        const uint64_t table_bytes = h.residency().bytes();
+        const uint64_t slot_bytes = uint64_t{16} * h.slots();
+        const uint64_t hint_bytes = uint64_t{4} * c.layers.size();
+        if (c.layers.empty() || table_bytes < slot_bytes ||
+            (table_bytes - slot_bytes) % hint_bytes != 0 ||
+            table_bytes > c.residency->data().size()) {
+          return absl::InternalError(absl::StrCat("slot class ", h.slot_class(),
+                                                  ": the residency table's size does not add up"));
+        }
+        c.n_expert = static_cast<uint32_t>((table_bytes - slot_bytes) / hint_bytes);
+      }
+      pin_base += h.slots();
       if (cuda) {
         absl::StatusOr<std::shared_ptr<CudaSessionEvents>> e =
             OpenCudaEventsIfBuilt(ToFenceExport(h.fences(), passed), ordinal);
@@ -700,7 +835,8 @@ class ClientImpl final : public Client {
       lane = *std::move(mapped);
     }
     auto session = std::make_unique<SessionImpl>(channel_, std::move(resp), std::move(classes),
-                                                 std::move(lane), cuda ? ordinal : -1);
+                                                 std::move(lane), cuda ? ordinal : -1,
+                                                 options.client_hits);
     if (absl::Status a = session->Start(); !a.ok()) return a;
     return std::unique_ptr<Session>(std::move(session));
   }

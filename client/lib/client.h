@@ -20,7 +20,10 @@
 //
 // Requests travel through the session's shared-memory request lane when the daemon offers one
 // (SessionOptions::transport; docs/protocol.md, "The request lane"): a caller watches for its
-// answer for 50 µs, then sleeps on the lane's futex. Over the stream otherwise.
+// answer for 50 µs, then sleeps on the lane's futex. Over the stream otherwise. On host-device
+// models an acquire of resident experts needs no request at all (client-side hits,
+// SessionOptions::client_hits): it pins them through the daemon's residency table, and its
+// Release unpins them; such a lease never expires (its id has the top bit set).
 //
 // Threading: Client and Session are thread-safe; several threads may acquire on one session.
 // Errors are absl::Status with the daemon's gRPC code (docs/protocol.md lists them).
@@ -59,6 +62,10 @@ struct SessionOptions {
   // stream always. kLane: the lane, or OpenSession fails.
   enum class Transport { kAuto, kStream, kLane };
   Transport transport = Transport::kAuto;
+  // Client-side hits (docs/protocol.md): where the daemon offers them (host-device models over
+  // the lane), an Acquire whose experts are all resident pins them in this process and returns
+  // without a request; only acquires that miss go to the daemon. false: every acquire asks.
+  bool client_hits = true;
   // Acquire retries while the daemon answers UNAVAILABLE (every slot leased right now), with
   // backoff, up to the acquire's timeout.
 };
@@ -122,6 +129,8 @@ class Session {
   virtual absl::Status Prefetch(std::span<const PrefetchHint> hints) = 0;
   // "lane" or "stream": where this session's requests travel.
   virtual std::string_view transport() const = 0;
+  // True when acquires of resident experts are served in this process (client-side hits).
+  virtual bool client_hits() const = 0;
   // CUDA: makes `cuda_stream` (a cudaStream_t; nullptr = the legacy default stream) wait on
   // the GPU until the copies behind every slot of the lease landed. Host: nothing to do (Acquire
   // returned with the slots ready). Call it before the kernels that read the slots.

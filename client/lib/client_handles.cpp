@@ -69,6 +69,7 @@ absl::StatusOr<std::unique_ptr<ClientLane>> MapLane(const v1::LaneHandle& h,
   lane::LaneGeometry g;
   g.request_bytes = h.request_bytes();
   g.response_bytes = h.response_bytes();
+  g.pin_words = h.pin_words();
   if (g.segment_bytes() != h.segment_bytes()) {
     return absl::InternalError("the lane handle's sizes do not add up");
   }

@@ -19,6 +19,7 @@
 #include "device/cuda_factory.h"
 #include "device/host/handle_passing.h"
 #include "device/host/host_device.h"
+#include "engine/residency.h"
 #include "expertd/v1/service.pb.h"
 #include "lane/lane.h"
 
@@ -53,6 +54,12 @@ struct SlotClassView {
   std::vector<uint64_t> strides;
   std::unique_ptr<MappedFences> fences;        // host
   std::shared_ptr<CudaSessionEvents> events;   // CUDA: this session's ready/done events
+  // Client-side hits (engine/residency.h): the class's residency table, read-only, and where
+  // this class's pin words start in the session's row; unset without client-side hits.
+  std::shared_ptr<MappedArena> residency;
+  uint64_t pin_base = 0;
+  std::vector<uint32_t> layers;  // the class's layers, in the table's order
+  uint32_t n_expert = 0;
 };
 
 // This process's end of a session's request lane (src/lane/lane.h). Writers take write_mu;

@@ -55,6 +55,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelCatalog& catal
       c.arenas.push_back(std::move(arena));
     }
     ASSIGN_OR_RETURN(c.fences, device.CreateFences(static_cast<uint32_t>(slots)));
+    if (options.client_hits && device.caps().arenas_host_writable) {
+      const uint32_t n_expert = c.layout->n_expert;
+      ASSIGN_OR_RETURN(c.residency,
+                       device.AllocateArena(residency::TableBytes(static_cast<uint32_t>(slots),
+                                                                  static_cast<uint32_t>(
+                                                                      sc.layers.size()),
+                                                                  n_expert),
+                                            absl::StrCat("class ", sc.id, " residency")));
+      c.board = std::make_unique<ResidencyBoard>(c.residency->host_write_data(),
+                                                 static_cast<uint32_t>(slots), sc.layers,
+                                                 n_expert);
+      c.pool->SetResidency(c.board.get());
+    }
     impl->classes.push_back(std::move(c));
   }
   const uint64_t segment = *CheckedAlignUp(catalog.max_bundle_bytes(), kSegmentAlignment);
@@ -236,19 +249,7 @@ void Engine::AcquireAsync(uint32_t layer, std::span<const uint32_t> experts, Gra
             absl::StrCat("the read of layer ", layer, " expert ", g.key.expert, " failed; retry"));
       }
     }
-    // The sweep reached this layer: its other prefetches came too late to matter.
-    m.CancelSuperseded(layer, experts);
-    for (const Prediction& p : m.predictor->Step(layer, experts)) {
-      const MoeLayer* pl = m.catalog.FindLayer(p.layer);
-      if (pl == nullptr) continue;
-      m.CancelSuperseded(p.layer, p.experts);
-      for (uint32_t e : p.experts) {
-        if (e >= pl->n_expert) continue;
-        if (auto g = m.classes[pl->slot_class].pool->Prefetch({p.layer, e})) {
-          m.Enqueue(pl->slot_class, *g, /*demand=*/false);
-        }
-      }
-    }
+    m.StepPredictor(layer, experts);
     // Fills finish under `mu`, so what is registered now is final: with nothing to wait for,
     // no fill will complete this acquire and it completes here.
     all_ready = w->pending == 0;
@@ -256,6 +257,76 @@ void Engine::AcquireAsync(uint32_t layer, std::span<const uint32_t> experts, Gra
   }
   m.StartFills(std::move(startable));
   if (all_ready) m.Complete(w);
+}
+
+void Engine::Impl::StepPredictor(uint32_t layer, std::span<const uint32_t> experts) {
+  // The sweep reached this layer: its other prefetches came too late to matter.
+  CancelSuperseded(layer, experts);
+  for (const Prediction& p : predictor->Step(layer, experts)) {
+    const MoeLayer* pl = catalog.FindLayer(p.layer);
+    if (pl == nullptr) continue;
+    CancelSuperseded(p.layer, p.experts);
+    for (uint32_t e : p.experts) {
+      if (e >= pl->n_expert) continue;
+      if (auto g = classes[pl->slot_class].pool->Prefetch({p.layer, e})) {
+        Enqueue(pl->slot_class, *g, /*demand=*/false);
+      }
+    }
+  }
+}
+
+const Arena* Engine::residency(uint32_t slot_class) const {
+  if (slot_class >= impl_->classes.size()) return nullptr;
+  return impl_->classes[slot_class].residency.get();
+}
+
+uint64_t Engine::PinWords() const {
+  uint64_t words = 0;
+  for (const Impl::ClassState& c : impl_->classes) {
+    if (c.board == nullptr) return 0;
+    words += c.pool->capacity();
+  }
+  return words;
+}
+
+void Engine::AddPins(uint64_t owner, std::span<uint64_t> row) {
+  if (row.size() < PinWords() || PinWords() == 0) return;
+  uint64_t base = 0;
+  for (Impl::ClassState& c : impl_->classes) {
+    c.board->AddPins(owner, row.data() + base);
+    base += c.pool->capacity();
+  }
+}
+
+void Engine::RemovePins(uint64_t owner) {
+  for (Impl::ClassState& c : impl_->classes) {
+    if (c.board != nullptr) c.board->RemovePins(owner);
+  }
+}
+
+void Engine::RecordClientHits(uint32_t layer, std::span<const uint32_t> experts) {
+  Impl& m = *impl_;
+  const MoeLayer* l = m.catalog.FindLayer(layer);
+  if (l == nullptr) return;
+  std::vector<BundleKey> keys;
+  std::vector<uint32_t> valid;
+  for (uint32_t e : experts) {
+    if (e >= l->n_expert) continue;
+    keys.push_back({layer, e});
+    valid.push_back(e);
+  }
+  if (keys.empty()) return;
+  m.classes[l->slot_class].pool->RecordHits(layer, keys);
+  std::vector<Impl::Start> startable;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    auto& [hits, accesses] = m.layer_hits[layer];
+    hits += keys.size();
+    accesses += keys.size();
+    m.StepPredictor(layer, valid);
+    startable = m.TakeStartable();
+  }
+  m.StartFills(std::move(startable));
 }
 
 absl::StatusOr<Grant> Engine::Acquire(uint32_t layer, std::span<const uint32_t> experts) {
@@ -318,6 +389,8 @@ EngineStats Engine::Stats() const {
     s.pool.prefetch_dropped += p.prefetch_dropped;
     s.pool.fill_errors += p.fill_errors;
     s.pool.prefetch_cancelled += p.prefetch_cancelled;
+    s.pool.client_hits += p.client_hits;
+    s.pool.pinned_skips += p.pinned_skips;
   }
   // Copies are counted before reads are, so the snapshot never shows more bytes copied than
   // read: a bundle's read is counted (PackSet::Read) before its copy can start.

@@ -9,6 +9,8 @@
 //            -> pool.FillDone -> the grant completes when all its slots are ready
 //            -> pool.Commit (its generations now count as handed out) -> callback
 //   predictor.Step(layer, experts) -> pool.Prefetch -> fill queue (prefetch)
+//   client-side hits (engine/residency.h): resident slots published per class; a client pins
+//     them itself and reports the hits afterwards (RecordClientHits)
 //
 // In place: when the device's arenas are host-writable (the host device) and the slot's done
 // fence has already passed, a fill reads the pack straight into the slot and advances ready
@@ -69,6 +71,9 @@ struct EngineOptions {
   // Cancel superseded prefetches (see above). The rule assumes the prefetches of a layer serve
   // the next visit of that layer by any session; turn it off when sessions sweep far apart.
   bool cancel_superseded_prefetches = true;
+  // Client-side hits (engine/residency.h): on devices whose arenas are host memory, publish a
+  // residency table per slot class that clients pin resident bundles through, without asking.
+  bool client_hits = true;
 };
 
 // One granted bundle: where its projections are. Projection p of the bundle is at
@@ -130,6 +135,20 @@ class Engine {
   void Release(const Grant& grant);
   // Client prediction: stage these experts of `layer` at low priority.
   void Prefetch(uint32_t layer, std::span<const uint32_t> experts);
+
+  // Client-side hits. The residency table of a slot class (nullptr when the engine publishes
+  // none: EngineOptions::client_hits off, or a device whose arenas are not host memory).
+  const Arena* residency(uint32_t slot_class) const;
+  // Pin words per session: one per slot of every class, classes in order (PinWords() in all).
+  uint64_t PinWords() const;
+  // Registers a session's pin row (PinWords() words the session writes; valid until
+  // RemovePins with the same owner). Evictions skip what it pins from now on.
+  void AddPins(uint64_t owner, std::span<uint64_t> row);
+  void RemovePins(uint64_t owner);
+  // A client's report of hits it made on its own: counted as accesses (recency, statistics)
+  // and shown to the predictor, as an acquire of them would be. Unknown layers or experts
+  // (the client's words are not trusted) are ignored.
+  void RecordClientHits(uint32_t layer, std::span<const uint32_t> experts);
 
   // Replaces the eviction policy of every slot pool and the predictor while serving (the
   // daemon's SIGHUP). Resident bundles carry over, in their access order; leases, fills and

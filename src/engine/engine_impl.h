@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "engine/engine.h"
+#include "engine/residency.h"
 
 namespace expertd {
 namespace engine_internal {
@@ -78,6 +79,9 @@ struct Engine::Impl {
     std::unique_ptr<SlotPool> pool;
     std::vector<std::unique_ptr<Arena>> arenas;  // by projection
     std::unique_ptr<FenceTable> fences;
+    std::unique_ptr<Arena> residency;          // client-side hits: the published table
+    std::unique_ptr<ResidencyBoard> board;     // and the daemon's side of it
+    uint64_t pin_base = 0;                     // this class's first word in a session's pin row
   };
   struct Start {
     Fill fill;
@@ -154,6 +158,9 @@ struct Engine::Impl {
   void Complete(const std::shared_ptr<PendingAcquire>& w);
   void ReleaseSlots(const Grant& g);
   void RecordStall(absl::Duration stall) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Shows an access of (layer, experts) to the predictor and queues its prefetches.
+  void StepPredictor(uint32_t layer, std::span<const uint32_t> experts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Stops the pipeline: fails queued fills (their acquires get Cancelled), cancels queued
   // reads and waits for every started fill to end. Called once, by ~Engine.
   void Shutdown();

@@ -24,20 +24,30 @@ std::optional<SlotId> SlotPool::TakeSlot(bool for_prefetch) {
     return s;
   }
   const uint64_t now = now_;
-  const std::optional<SlotId> victim = policy_->ChooseVictim(
-      [&](SlotId s) {
-        const Slot& slot = slots_[s];
-        if (slot.leases != 0 || slot.state != SlotState::kResident) return false;
-        return !for_prefetch || slot.last_access + prefetch_protect_ <= now;
-      },
-      now_);
-  if (!victim) return std::nullopt;
-  Evict(*victim);
-  return victim;
+  absl::flat_hash_set<SlotId> pinned;  // victims a client pins right now
+  for (;;) {
+    const std::optional<SlotId> victim = policy_->ChooseVictim(
+        [&](SlotId s) {
+          const Slot& slot = slots_[s];
+          if (slot.leases != 0 || slot.state != SlotState::kResident) return false;
+          if (pinned.contains(s)) return false;
+          return !for_prefetch || slot.last_access + prefetch_protect_ <= now;
+        },
+        now_);
+    if (!victim) return std::nullopt;
+    if (board_ != nullptr && !board_->TryRetire(*victim)) {
+      pinned.insert(*victim);
+      ++stats_.pinned_skips;
+      continue;
+    }
+    Evict(*victim);
+    return victim;
+  }
 }
 
 void SlotPool::Evict(SlotId s) {
   Slot& slot = slots_[s];
+  if (board_ != nullptr) board_->Unpublish(s, slot.key);
   where_.erase(slot.key);
   policy_->OnRemove(s);
   if (slot.prefetched_unused) ++stats_.prefetch_wasted;
@@ -157,6 +167,7 @@ FillOutcome SlotPool::FillDone(SlotId s, uint64_t generation, bool ok) {
   }
   if (ok) {
     slot.state = SlotState::kResident;
+    if (board_ != nullptr) board_->Publish(s, slot.key, slot.generation);
     return FillOutcome::kResident;
   }
   ++stats_.fill_errors;
@@ -221,6 +232,32 @@ void SlotPool::Release(std::span<const SlotId> slots) {
     Slot& slot = slots_[s];
     if (slot.leases == 0) continue;  // a double release is ignored, never underflows
     if (--slot.leases == 0 && slot.state == SlotState::kEmpty) free_.push_back(s);
+  }
+}
+
+void SlotPool::SetResidency(ResidencyBoard* board) {
+  std::lock_guard<std::mutex> lock(mu_);
+  board_ = board;
+}
+
+void SlotPool::RecordHits(uint32_t layer, std::span<const BundleKey> keys) {
+  std::lock_guard<std::mutex> lock(mu_);
+  policy_->OnLayer(layer, now_);
+  for (const BundleKey& key : keys) {
+    ++now_;
+    ++stats_.accesses;
+    ++stats_.hits;
+    ++stats_.client_hits;
+    const auto it = where_.find(key);
+    if (it == where_.end()) continue;  // evicted since the client read it
+    Slot& slot = slots_[it->second];
+    if (slot.state != SlotState::kResident) continue;
+    if (slot.prefetched_unused) {
+      ++stats_.prefetch_used;
+      slot.prefetched_unused = false;
+    }
+    slot.last_access = now_;
+    policy_->OnAccess(it->second, key, now_);
   }
 }
 

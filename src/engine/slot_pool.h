@@ -22,6 +22,10 @@
 // are not leased; the first acquire that hits one counts as a used prefetch, and evicting one
 // that was never acquired counts as a wasted prefetch.
 //
+// Client-side hits (engine/residency.h): with a ResidencyBoard, a slot is published when it
+// becomes resident and retired before it is evicted; a victim that a client pinned is skipped
+// like a leased one. RecordHits counts the hits clients report afterwards as accesses.
+//
 // Thread-safe: every method takes the pool's mutex; no method blocks on I/O.
 #pragma once
 
@@ -36,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "engine/bundle.h"
 #include "engine/eviction_policy.h"
+#include "engine/residency.h"
 
 namespace expertd {
 
@@ -68,6 +73,8 @@ struct SlotPoolStats {
   uint64_t prefetch_dropped = 0;  // prefetches refused: no slot allowed by the prefetch rule
   uint64_t fill_errors = 0;
   uint64_t prefetch_cancelled = 0;  // superseded and given up (CancelPrefetch, not restored)
+  uint64_t client_hits = 0;  // of hits: made by clients on their own and reported (RecordHits)
+  uint64_t pinned_skips = 0;  // victims skipped because a client pinned them
 };
 
 // How a fill ended, as FillDone saw it.
@@ -119,6 +126,12 @@ class SlotPool {
   // True while the fill (slot, generation) is cancelled: its bytes must not become resident.
   bool cancelled(SlotId slot, uint64_t generation) const;
 
+  // Publishes residency to clients from now on (`board` outlives the pool; set before use).
+  void SetResidency(ResidencyBoard* board);
+  // Hits a client made on its own (client-side hits), reported after the fact: each key counts
+  // as an access and a hit, and a key still resident is touched for the eviction policy.
+  void RecordHits(uint32_t layer, std::span<const BundleKey> keys);
+
   // Drops one lease per slot; slots are given as granted (duplicates release twice).
   void Release(std::span<const SlotId> slots);
 
@@ -162,6 +175,7 @@ class SlotPool {
   absl::flat_hash_map<BundleKey, SlotId> where_ ABSL_GUARDED_BY(mu_);
   uint64_t now_ ABSL_GUARDED_BY(mu_) = 0;
   SlotPoolStats stats_ ABSL_GUARDED_BY(mu_);
+  ResidencyBoard* board_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace expertd

@@ -43,6 +43,7 @@ LaneWords WordsAt(uint8_t* base, const LaneGeometry& g) {
   w.state = reinterpret_cast<uint32_t*>(base + 448);
   w.request_ring = base + kRingsOffset;
   w.response_ring = base + kRingsOffset + g.request_bytes;
+  w.pins = g.pin_words ? reinterpret_cast<uint64_t*>(base + g.pins_offset()) : nullptr;
   return w;
 }
 
@@ -185,6 +186,10 @@ absl::Status CheckGeometry(const LaneGeometry& g) {
           " to 16 MiB"));
     }
   }
+  if (g.pin_words > (uint64_t{1} << 24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lane pin words: ", g.pin_words, " (at most 2^24, one per slot)"));
+  }
   return absl::OkStatus();
 }
 
@@ -217,6 +222,16 @@ absl::Status EncodeRelease(uint64_t seq, std::span<const uint64_t> leases,
   if (absl::Status st = CountFits(leases.size(), "leases"); !st.ok()) return st;
   Builder b(RecordType::kRelease, static_cast<uint16_t>(leases.size()), seq, out);
   b.Append(leases.data(), leases.size_bytes());
+  return b.Finish();
+}
+
+absl::Status EncodeHits(uint32_t layer, std::span<const uint32_t> experts,
+                        std::vector<uint8_t>* out) {
+  if (absl::Status st = CountFits(experts.size(), "experts"); !st.ok()) return st;
+  Builder b(RecordType::kHits, static_cast<uint16_t>(experts.size()), 0, out);
+  b.Put(layer);
+  b.Put(uint32_t{0});
+  b.Append(experts.data(), experts.size_bytes());
   return b.Finish();
 }
 
@@ -264,6 +279,9 @@ absl::StatusOr<Request> DecodeRequest(std::span<const uint8_t> record) {
   r.type = static_cast<RecordType>(h.type);
   r.seq = h.seq;
   switch (r.type) {
+    case RecordType::kHits:
+      if (h.seq != 0) return Malformed(h, "a hits record carries no seq (0)");
+      [[fallthrough]];
     case RecordType::kAcquire: {
       uint32_t reserved = 0;
       if (!c.Get(&r.layer) || !c.Get(&reserved)) return Malformed(h, "too short for an acquire");
@@ -297,7 +315,7 @@ absl::StatusOr<Request> DecodeRequest(std::span<const uint8_t> record) {
       }
       break;
     default:
-      return Malformed(h, "not a request type (1 acquire, 2 prefetch, 3 release)");
+      return Malformed(h, "not a request type (1 acquire, 2 prefetch, 3 release, 4 hits)");
   }
   if (absl::Status st = ExactEnd(h, c); !st.ok()) return st;
   return r;
@@ -473,7 +491,7 @@ absl::StatusOr<LaneClientEnd> LaneClientEnd::Attach(uint8_t* base, uint64_t byte
   std::memcpy(&h, base, sizeof h);
   if (h.magic != kLaneMagic || h.version != kLaneVersion || h.request_bytes != g.request_bytes ||
       h.response_bytes != g.response_bytes || h.request_offset != kRingsOffset ||
-      h.response_offset != kRingsOffset + g.request_bytes) {
+      h.response_offset != kRingsOffset + g.request_bytes || h.segment_bytes != g.segment_bytes()) {
     return absl::InvalidArgumentError("the shared object is not a lane of the announced geometry");
   }
   return LaneClientEnd(WordsAt(base, g), g);

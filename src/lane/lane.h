@@ -12,7 +12,9 @@
 //   320   response tail (u64)         client
 //   384   client doorbell (u32), clients sleeping (u32)
 //   448   lane state (u32: 0 open, 1 failed by the daemon, 2 closed)
-//   4096  request ring, then response ring (sizes in the header, multiples of 4096)
+//   4096  request ring, then response ring (sizes in the header, multiples of 4096), then the
+//         session's pin words (client-side hits, engine/residency.h): u64 per slot of every
+//         slot class, classes in order; none when the daemon offers no client-side hits
 // Positions only grow; a record starts at position % ring size and never wraps: the writer fills
 // the rest of the ring with a pad record first. Records are 16-byte aligned (RecordHead below).
 //
@@ -62,6 +64,8 @@ enum class RecordType : uint16_t {
   kAcquire = 1,       // count = experts; body: u32 layer, u32 0, u32 experts[count]
   kPrefetch = 2,      // count = groups; body: groups {u32 layer, u32 n, u32 experts[n]}, each 8-aligned
   kRelease = 3,       // count = leases; body: u64 leases[count]
+  kHits = 4,          // count = experts; body: u32 layer, u32 0, u32 experts[count]: client-side
+                      //   hits made and given back (no answer; need not wake the daemon)
   kGrant = 0x81,      // count = slots; body: u64 lease, u32 layer, u32 0, u64 stall_ns,
                       //   slots {u32 expert, u32 slot_class, u32 slot, u32 flags (1 = hit), u64 generation}
   kError = 0x82,      // count = 0; body: i32 code, u32 message bytes, message
@@ -80,7 +84,11 @@ static_assert(sizeof(RecordHead) == 16);
 struct LaneGeometry {
   uint64_t request_bytes = 64 << 10;
   uint64_t response_bytes = 256 << 10;
-  uint64_t segment_bytes() const { return kRingsOffset + request_bytes + response_bytes; }
+  uint64_t pin_words = 0;  // client-side hits: one per slot of the model (at most 2^24)
+  uint64_t pins_offset() const { return kRingsOffset + request_bytes + response_bytes; }
+  uint64_t segment_bytes() const {
+    return pins_offset() + (pin_words * 8 + 4095) / 4096 * 4096;
+  }
 };
 absl::Status CheckGeometry(const LaneGeometry& g);
 
@@ -94,8 +102,8 @@ struct PrefetchGroup {
 struct Request {
   RecordType type = RecordType::kPad;
   uint64_t seq = 0;
-  uint32_t layer = 0;                 // kAcquire
-  std::vector<uint32_t> experts;      // kAcquire
+  uint32_t layer = 0;                 // kAcquire, kHits
+  std::vector<uint32_t> experts;      // kAcquire, kHits
   std::vector<PrefetchGroup> groups;  // kPrefetch
   std::vector<uint64_t> leases;       // kRelease
 };
@@ -126,6 +134,8 @@ absl::Status EncodeAcquire(uint64_t seq, uint32_t layer, std::span<const uint32_
 absl::Status EncodePrefetch(std::span<const PrefetchGroup> groups, std::vector<uint8_t>* out);
 absl::Status EncodeRelease(uint64_t seq, std::span<const uint64_t> leases,
                            std::vector<uint8_t>* out);
+absl::Status EncodeHits(uint32_t layer, std::span<const uint32_t> experts,
+                        std::vector<uint8_t>* out);
 absl::Status EncodeGrant(const Response& grant, std::vector<uint8_t>* out);
 // Messages longer than 1024 bytes are cut.
 absl::Status EncodeError(uint64_t seq, int32_t code, std::string_view message,
@@ -152,6 +162,7 @@ struct LaneWords {
   uint32_t* state;
   uint8_t* request_ring;
   uint8_t* response_ring;
+  uint64_t* pins;  // geometry.pin_words of them (nullptr when 0)
 };
 inline constexpr uint32_t kStateOpen = 0;
 inline constexpr uint32_t kStateFailed = 1;
@@ -201,6 +212,8 @@ class LaneDaemonEnd {
 
   // A snapshot; safe from any thread.
   DaemonCounters counters() const;
+  // The session's pin words (empty without client-side hits): the client's to write.
+  std::span<uint64_t> pins() const { return {w_.pins, w_.pins ? g_.pin_words : 0}; }
 
  private:
   LaneDaemonEnd(LaneWords w, LaneGeometry g) : w_(w), g_(g) {}
@@ -245,6 +258,8 @@ class LaneClientEnd {
   // answer was read for it).
   void WakeAll();
   uint32_t state() const;
+  // This session's pin words (empty without client-side hits).
+  std::span<uint64_t> pins() const { return {w_.pins, w_.pins ? g_.pin_words : 0}; }
 
  private:
   LaneClientEnd(LaneWords w, LaneGeometry g) : w_(w), g_(g) {}

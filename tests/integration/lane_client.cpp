@@ -209,6 +209,7 @@ std::unique_ptr<RawLane> OpenRaw(const std::string& addr) {
   r->base = r->map.data();
   r->geometry.request_bytes = resp.lane().request_bytes();
   r->geometry.response_bytes = resp.lane().response_bytes();
+  r->geometry.pin_words = resp.lane().pin_words();
   auto end = expertd::lane::LaneClientEnd::Attach(r->base, r->map.bytes(), r->geometry);
   if (!end.ok()) Die(end.status().ToString());
   r->end = std::make_unique<expertd::lane::LaneClientEnd>(*std::move(end));

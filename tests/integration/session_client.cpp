@@ -53,10 +53,12 @@ std::unique_ptr<Client> Connect(const std::string& addr) {
   return *std::move(c);
 }
 
-std::unique_ptr<Session> Open(Client& c, const std::string& name) {
+// `client_hits` false: every acquire is a lease the daemon holds (what "hold" needs to show).
+std::unique_ptr<Session> Open(Client& c, const std::string& name, bool client_hits = true) {
   expertd::client::SessionOptions options;
   options.model = "demo";
   options.client_name = name;
+  options.client_hits = client_hits;
   auto s = c.OpenSession(options);
   if (!s.ok()) Die(absl::StrCat("OpenSession: ", s.status().ToString()));
   return *std::move(s);
@@ -129,7 +131,7 @@ int Verify(const std::string& addr, const std::string& gguf, double seconds, uin
   const auto& info = session->model();
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-  uint64_t verified = 0, acquires = 0;
+  uint64_t verified = 0, acquires = 0, local = 0;
   while (std::chrono::steady_clock::now() < deadline) {
     const uint32_t layer = info.moe_layers(static_cast<int>(rng() % info.moe_layers_size()));
     auto experts = RandomExperts(rng, info.n_expert(), info.n_expert_used());
@@ -137,19 +139,21 @@ int Verify(const std::string& addr, const std::string& gguf, double seconds, uin
     if (!lease.ok()) Die(absl::StrCat("acquire: ", lease.status().ToString()));
     verified += VerifyLease(oracle, *lease);
     ++acquires;
+    local += lease->id >> 63;  // served in this process (client-side hits)
     if (auto st = session->Release(*lease); !st.ok()) Die(st.ToString());
   }
   Check(session->TakeAsyncErrors().empty(), "the daemon reported errors for releases");
-  std::printf("verify seed %u: %llu acquires, %llu slots, %llu projections verified\n", seed,
+  std::printf("verify seed %u: %llu acquires, %llu slots, %llu projections verified, "
+              "%llu acquires served in the client\n", seed,
               static_cast<unsigned long long>(acquires),
               static_cast<unsigned long long>(acquires * info.n_expert_used()),
-              static_cast<unsigned long long>(verified));
+              static_cast<unsigned long long>(verified), static_cast<unsigned long long>(local));
   return 0;
 }
 
 int Hold(const std::string& addr, int leases) {
   auto client = Connect(addr);
-  auto session = Open(*client, "holder");
+  auto session = Open(*client, "holder", /*client_hits=*/false);
   std::vector<Lease> held;
   for (int i = 0; i < leases; ++i) {
     const uint32_t layer = session->model().moe_layers(i % session->model().moe_layers_size());

@@ -122,7 +122,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& AllKeys() {
        {"max_sessions", "max_leases_per_session", "max_experts_per_acquire",
         "max_slots_per_session", "lease_ttl", "session_attach_timeout", "max_message_bytes",
         "drain_timeout"}},
-      {"lane", {"enabled", "spin_us", "request_ring_bytes", "response_ring_bytes"}},
+      {"lane", {"enabled", "spin_us", "client_hits", "request_ring_bytes", "response_ring_bytes"}},
       {"logging", {"level", "format"}},
       {"metrics", {"listen"}},
       {"demo", {"cache_dir", "preset"}},

@@ -426,6 +426,7 @@ class LaneSessionTest : public ::testing::Test {
     LaneGeometry g;
     g.request_bytes = h.request_bytes();
     g.response_bytes = h.response_bytes();
+    g.pin_words = h.pin_words();
     auto end = LaneClientEnd::Attach(o->map.data(), o->map.bytes(), g);
     EXPECT_TRUE(end.ok()) << end.status();
     o->end = std::make_unique<LaneClientEnd>(*std::move(end));

@@ -1,0 +1,166 @@
+// Client-side hits (engine/residency.h): the slot pool publishes resident slots, skips victims a
+// client pinned, and RecordHits counts reported hits; a concurrent test pins and reads slots
+// while another thread evicts and refills them, and checks that no pinned slot ever changes.
+#include "engine/residency.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "engine/slot_pool.h"
+
+namespace expertd {
+namespace {
+
+constexpr uint32_t kExperts = 8;
+
+// A pool of `capacity` slots over layers {3, 5} with a board, one session's pin row, and the
+// client's view of the table.
+struct Fixture {
+  explicit Fixture(uint32_t capacity, const std::string& policy = "lru")
+      : table(residency::TableBytes(capacity, 2, kExperts)), pins(capacity),
+        board(table.data(), capacity, {3, 5}, kExperts) {
+    PolicyModel model{{3, 5}, kExperts, 2};
+    pool = std::make_unique<SlotPool>(capacity, *MakeEvictionPolicy(policy, model, capacity), 0);
+    pool->SetResidency(&board);
+    board.AddPins(1, pins.data());
+    view = residency::Table::At(table.data(), capacity, 2, kExperts);
+  }
+  // Acquires, fills and releases (layer, expert): it becomes resident and unleased.
+  SlotId Load(uint32_t layer, uint32_t expert) {
+    const BundleKey key{layer, expert};
+    auto g = pool->Acquire(layer, std::span<const BundleKey>(&key, 1));
+    EXPECT_TRUE(g.ok()) << g.status();
+    if ((*g)[0].needs_fill) pool->FillDone((*g)[0].slot, (*g)[0].generation, true);
+    const SlotId s = (*g)[0].slot;
+    pool->Release(std::span<const SlotId>(&s, 1));
+    return s;
+  }
+  residency::Pinned Pin(uint32_t layer, uint32_t expert) {
+    const uint32_t index = layer == 3 ? 0 : 1;
+    return residency::TryPin(view, pins.data(), index, expert, residency::Key(layer, expert),
+                             [](SlotId, uint64_t) { return false; });
+  }
+
+  std::vector<uint8_t> table;
+  std::vector<uint64_t> pins;
+  ResidencyBoard board;
+  std::unique_ptr<SlotPool> pool;
+  residency::Table view;
+};
+
+TEST(Residency, ResidentBundlesArePublishedAndPinnedWithTheirGeneration) {
+  Fixture f(4);
+  EXPECT_EQ(f.Pin(3, 1).slot, kNoSlot) << "nothing is resident yet";
+  const SlotId s = f.Load(3, 1);
+  const residency::Pinned p = f.Pin(3, 1);
+  ASSERT_EQ(p.slot, s);
+  EXPECT_GT(p.generation, 0u);
+  EXPECT_EQ(f.pins[s], p.generation) << "the pin word holds the pinned generation";
+  EXPECT_EQ(f.Pin(5, 1).slot, kNoSlot) << "another layer's expert 1 is not resident";
+  EXPECT_EQ(f.Pin(3, 2).slot, kNoSlot);
+  residency::Unpin(f.pins.data(), s);
+  EXPECT_EQ(f.pins[s], 0u);
+}
+
+TEST(Residency, APinnedSlotIsSkippedAsVictimAndEvictedOnceUnpinned) {
+  Fixture f(2);
+  const SlotId a = f.Load(3, 0);  // the least recently used: LRU's first victim
+  const SlotId b = f.Load(3, 1);
+  ASSERT_EQ(f.Pin(3, 0).slot, a);
+  // A third bundle must evict: not the pinned LRU slot a, but b.
+  EXPECT_EQ(f.Load(5, 2), b);
+  EXPECT_EQ(f.pool->stats().pinned_skips, 1u);
+  EXPECT_EQ(f.board.refusals(), 1u);
+  EXPECT_TRUE(f.pool->Find({3, 0}).has_value()) << "the pinned bundle stayed resident";
+  EXPECT_EQ(f.Pin(3, 1).slot, kNoSlot) << "an evicted bundle cannot be pinned";
+  // With both slots pinned no acquire of a new bundle can get a slot.
+  ASSERT_EQ(f.Pin(5, 2).slot, b);
+  const BundleKey key{5, 3};
+  auto refused = f.pool->Acquire(5, std::span<const BundleKey>(&key, 1));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  residency::Unpin(f.pins.data(), a);
+  EXPECT_EQ(f.Load(5, 3), a) << "unpinned, the oldest slot is the victim again";
+  EXPECT_EQ(f.Pin(3, 0).slot, kNoSlot);
+}
+
+TEST(Residency, APinAfterTheTagWasClearedMisses) {
+  Fixture f(1);
+  const SlotId s = f.Load(3, 4);
+  const uint64_t tag = f.view.tag(s).load();
+  ASSERT_NE(tag, 0u);
+  // The daemon's side of an eviction in progress: the tag is cleared before the scan.
+  ASSERT_TRUE(f.board.TryRetire(s));
+  EXPECT_EQ(f.Pin(3, 4).slot, kNoSlot);
+  EXPECT_EQ(f.pins[s], 0u) << "a failed pin leaves nothing pinned";
+}
+
+TEST(Residency, ReportedHitsCountAndRefreshRecency) {
+  Fixture f(2);
+  const SlotId a = f.Load(3, 0);
+  f.Load(3, 1);
+  const BundleKey hit{3, 0};
+  f.pool->RecordHits(3, std::span<const BundleKey>(&hit, 1));
+  const SlotPoolStats st = f.pool->stats();
+  EXPECT_EQ(st.client_hits, 1u);
+  EXPECT_EQ(st.hits, 1u);
+  EXPECT_EQ(st.accesses, 3u);
+  // (3, 0) is now the most recently used: the next miss evicts (3, 1), not slot a.
+  EXPECT_NE(f.Load(5, 5), a);
+  EXPECT_TRUE(f.pool->Find({3, 0}).has_value());
+}
+
+// One thread pins and reads slots (each slot's "bytes" are the key of its occupant), another
+// acquires random bundles of a small pool, evicting and refilling constantly. Every successful
+// pin must read the pinned key for as long as it holds the pin.
+TEST(Residency, PinnedSlotsNeverChangeUnderConcurrentEviction) {
+  constexpr uint32_t kSlots = 3;
+  Fixture f(kSlots);
+  std::vector<std::atomic<uint64_t>> bytes(kSlots);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> pinned_reads{0}, bad{0};
+  std::thread filler([&] {
+    std::mt19937 rng(7);
+    while (!stop.load()) {
+      const BundleKey key{rng() % 2 ? 3u : 5u, static_cast<uint32_t>(rng() % kExperts)};
+      auto g = f.pool->Acquire(key.layer, std::span<const BundleKey>(&key, 1));
+      if (!g.ok()) continue;  // every slot pinned right now
+      const SlotGrant& grant = (*g)[0];
+      if (grant.needs_fill) {
+        // Write the occupant's "bytes", then it becomes resident (published).
+        bytes[grant.slot].store(residency::Key(key.layer, key.expert));
+        f.pool->FillDone(grant.slot, grant.generation, true);
+      }
+      f.pool->Release(std::span<const SlotId>(&grant.slot, 1));
+    }
+  });
+  std::mt19937 rng(11);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  while (std::chrono::steady_clock::now() < until) {
+    const uint32_t layer = rng() % 2 ? 3u : 5u;
+    const uint32_t expert = rng() % kExperts;
+    const residency::Pinned p = f.Pin(layer, expert);
+    if (p.slot == kNoSlot) continue;
+    const uint64_t want = residency::Key(layer, expert);
+    for (int i = 0; i < 20; ++i) {
+      if (bytes[p.slot].load() != want) ++bad;
+      std::this_thread::yield();
+    }
+    ++pinned_reads;
+    residency::Unpin(f.pins.data(), p.slot);
+  }
+  stop = true;
+  filler.join();
+  EXPECT_EQ(bad.load(), 0u) << "a pinned slot was refilled while pinned";
+  EXPECT_GT(pinned_reads.load(), 100u) << "too few pins succeeded to test anything";
+  EXPECT_GT(f.pool->stats().pinned_skips, 0u) << "the filler never met a pinned victim";
+  std::printf("%llu pinned reads, %llu victims skipped for a pin, %llu evictions\n",
+              static_cast<unsigned long long>(pinned_reads.load()),
+              static_cast<unsigned long long>(f.pool->stats().pinned_skips),
+              static_cast<unsigned long long>(f.pool->stats().evictions));
+}
+
+}  // namespace
+}  // namespace expertd
