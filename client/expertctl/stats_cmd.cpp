@@ -66,7 +66,8 @@ nlohmann::json StatsJson(const v1::GetStatsResponse& r) {
                                    {"bytes_out", s.lane().bytes_out()},
                                    {"daemon_sleeps", s.lane().daemon_sleeps()},
                                    {"client_wakes", s.lane().client_wakes()},
-                                   {"deferred", s.lane().deferred()}};
+                                   {"deferred", s.lane().deferred()},
+                                   {"client_hits", s.lane().client_hits()}};
       }
     }
     models.push_back({{"model", m.model()},
@@ -77,6 +78,8 @@ nlohmann::json StatsJson(const v1::GetStatsResponse& r) {
                       {"misses", m.misses()},
                       {"hit_rate", HitRate(m)},
                       {"evictions", m.evictions()},
+                      {"client_hits", m.client_hits()},
+                      {"pinned_skips", m.pinned_skips()},
                       {"prefetch_issued", m.prefetch_issued()},
                       {"prefetch_used", m.prefetch_used()},
                       {"prefetch_wasted", m.prefetch_wasted()},
@@ -110,6 +113,12 @@ std::string StatsText(const v1::GetStatsResponse& r) {
     absl::StrAppendFormat(
         &out, "  accesses %d: hits %d, joins %d, misses %d, hit rate %.3f, evictions %d\n",
         m.accesses(), m.hits(), m.joins(), m.misses(), HitRate(m), m.evictions());
+    if (m.client_hits() > 0 || m.pinned_skips() > 0) {
+      absl::StrAppendFormat(&out,
+                            "  client-side hits %d (served in the clients' processes); victims "
+                            "skipped for a client's pin %d\n",
+                            m.client_hits(), m.pinned_skips());
+    }
     std::string packs;
     for (const v1::ByteCount& b : m.pack_bytes_read()) {
       absl::StrAppendFormat(&packs, "%s%s %s", packs.empty() ? "" : ", ", b.name(),

@@ -33,6 +33,7 @@ for pool in full quarter; do
   evictions=$(stats_field evictions)
   misses=$(stats_field misses)
   accesses=$(stats_field accesses)
+  client_hits=$(stats_field client_hits)
   stop_daemon
   [ $pool = full ] && touched=$misses
   if ! cmp -s "$work/stock.bin" "$work/$pool.bin"; then
@@ -40,9 +41,14 @@ for pool in full quarter; do
     fail "$preset, $pool pool: logits differ from stock ($(cat "$work/$pool.txt"))"
   fi
   echo "$preset, $pool pool ($slot of $expert_bytes bytes, $bundles bundles): 33 logit rows bitwise identical to stock;" \
-       "$accesses expert accesses, $misses misses, $evictions evictions"
+       "$accesses expert accesses, $misses misses, $evictions evictions, $client_hits client-side hits"
   if [ $pool = quarter ] && [ "$evictions" -eq 0 ]; then
     fail "a quarter pool evicted nothing: the test did not exercise eviction"
+  fi
+  # With every expert resident after the prompt, decode acquires are served in the engine's
+  # process (client-side hits).
+  if [ $pool = full ] && [ "$client_hits" -eq 0 ]; then
+    fail "no acquire was served in the engine's process (client-side hits) with a full pool"
   fi
 done
 echo "PASS"
