@@ -9,9 +9,10 @@
 # configuration runs tests/llama/llama_logits (a P-token prompt, default 64, then N greedy
 # decode steps, default 64, T threads, default 2) under /usr/bin/time for the engine's peak RSS;
 # the daemon's lane thread watches for the next request for US microseconds before it sleeps
-# ([lane] spin_us, default: the daemon's default). Two daemons serve the model, one with a pool
-# holding every expert and one with a quarter of them; after they start, one run of the prompt
-# and one step loads the experts they route to into the first, so its runs are all hits. R reps
+# ([lane] spin_us, default: the daemon's default). Three daemons serve the model, one with a pool
+# holding every expert, one with a quarter of them and one with every expert and client-side hits
+# off; after they start, one run of the prompt and one step loads the experts they route to into
+# the two full pools, so their runs are all hits. R reps
 # (default 3) each run every configuration once, in the order listed here, so that stock and
 # expertd runs alternate over a drift of the machine's speed.
 #   stock           llama.cpp loads the experts (weight repacking on: its default)
@@ -19,6 +20,8 @@
 #   expertd-full    the experts from expertd, a pool holding all of them (repacking on for the
 #                   rest of the model; the arenas are never repacked)
 #   expertd-norepack, expertd-quarter   the same without repacking; with a quarter of them
+#   expertd-norepack-asked   expertd-norepack on a third daemon (a full pool) with client-side
+#                   hits off ([lane] client_hits = false): every acquire is a round trip
 #   stock-norepack-poll0, expertd-norepack-poll0   idle ggml workers sleep instead of spinning
 #   stock-norepack-nommap   stock-norepack reading the file into memory instead of mapping it
 #                   (as an expertd run loads the rest of the model)
@@ -64,11 +67,12 @@ read -r expert_bytes layers < <("$root/build/bin/expertctl" inspect "$model" --j
   python3 -c 'import json,sys; m=json.load(sys.stdin)["moe"]; print(m["expert_bytes_total"], len(m["layer_blocks"]))')
 tokens=$(python3 -c "print(','.join(['1'] + [str(300 + i % 700) for i in range(1, $prompt_len)]))")
 
-start_daemon() {  # start_daemon SLOT_BYTES NAME: a daemon on $work/NAME.sock
+start_daemon() {  # start_daemon SLOT_BYTES NAME [CLIENT_HITS]: a daemon on $work/NAME.sock
   local sock=$work/$2.sock conf=$work/$2.toml
   printf '[[model]]\nname = "bench"\ngguf = "%s"\n[device]\nkind = "host"\nslot_memory = %s\n[cache]\npolicy = "lru"\n[predictor]\nkind = "none"\n' \
     "$model" "$1" > "$conf"
-  [ -z "$lane_spin" ] || printf '[lane]\nspin_us = %s\n' "$lane_spin" >> "$conf"
+  printf '[lane]\nclient_hits = %s\n' "${3:-true}" >> "$conf"
+  [ -z "$lane_spin" ] || printf 'spin_us = %s\n' "$lane_spin" >> "$conf"
   "$root/build/bin/expertd" --config "$conf" --socket "$sock" > "$work/$2.log" 2>&1 &
   daemons+=($!)
   for _ in $(seq 1 600); do
@@ -104,19 +108,22 @@ PY
 # rep and the range of its decode ratio over the reps.
 start_daemon $(( expert_bytes * 2 )) full
 start_daemon $(( expert_bytes / 4 )) quarter
+start_daemon $(( expert_bytes * 2 )) asked false
 LLAMA_ARG_EXPERTD=unix://$work/full.sock steps=1 run warm-up --no-repack > /dev/null
+LLAMA_ARG_EXPERTD=unix://$work/asked.sock steps=1 run warm-up --no-repack > /dev/null
 rows=$work/rows
 : > "$rows"
 for rep in $(seq 1 "$reps"); do
   [ "$reps" = 1 ] || echo "rep $rep of $reps" >&2
-  for name in stock stock-norepack expertd-full expertd-norepack expertd-quarter \
-              stock-norepack-poll0 expertd-norepack-poll0 stock-norepack-nommap; do
+  for name in stock stock-norepack expertd-full expertd-norepack expertd-norepack-asked \
+              expertd-quarter stock-norepack-poll0 expertd-norepack-poll0 stock-norepack-nommap; do
     args=()
     [ "$name" = stock ] || [ "$name" = expertd-full ] || args+=(--no-repack)
     [[ $name != *poll0 ]] || args+=(--poll 0)
     [[ $name != *nommap ]] || args+=(--no-mmap)
     case $name in
       expertd-quarter) addr=unix://$work/quarter.sock ;;
+      expertd-*-asked) addr=unix://$work/asked.sock ;;
       expertd-*) addr=unix://$work/full.sock ;;
       *) addr= ;;
     esac
@@ -126,16 +133,18 @@ for rep in $(seq 1 "$reps"); do
       echo "$name $rep $(run "$name" "${args[@]}")" >> "$rows"
     fi
     case $name in
-      expertd-norepack|expertd-quarter)
+      expertd-norepack|expertd-norepack-asked|expertd-quarter)
         cmp -s "$work/stock-norepack.bin" "$work/$name.bin" ||
           echo "WARNING: $name logits differ from stock-norepack (rep $rep)" >&2 ;;
     esac
   done
 done
-stall_full=$("$root/build/bin/expertctl" stats --addr "unix://$work/full.sock" --json |
+full_stats=$("$root/build/bin/expertctl" stats --addr "unix://$work/full.sock" --json |
+  python3 -c 'import json,sys; m=json.load(sys.stdin)["models"][0]; print(m["accesses"], m["client_hits"], m["stall_p50_us"])')
+asked_stall=$("$root/build/bin/expertctl" stats --addr "unix://$work/asked.sock" --json |
   python3 -c 'import json,sys; m=json.load(sys.stdin)["models"][0]; print(m["stall_p50_us"])')
 quarter_stats=$("$root/build/bin/expertctl" stats --addr "unix://$work/quarter.sock" --json |
-  python3 -c 'import json,sys; m=json.load(sys.stdin)["models"][0]; print(m["hit_rate"], m["evictions"], m["stall_p50_us"])')
+  python3 -c 'import json,sys; m=json.load(sys.stdin)["models"][0]; print(m["hit_rate"], m["evictions"], m["client_hits"], m["stall_p50_us"])')
 stop_daemons
 
 echo "mixtral-tiny x$scale: $((expert_bytes >> 20)) MiB of routed experts, $layers MoE layers; prompt $prompt_len tokens, $steps decode steps, $threads threads, $reps rep(s)"
@@ -152,7 +161,7 @@ def ref(name):
 print("| run | prompt tokens/s | decode tokens/s | decode vs stock-norepack (same polling), median [range] | peak RSS MiB | private MiB | extra ms/token | per MoE layer (us) | acquire op mean/p50, release op mean, wake-up mean/p50 (us) |")
 print("|---|---|---|---|---|---|---|---|---|")
 order = ["stock", "stock-norepack", "stock-norepack-nommap", "expertd-full", "expertd-norepack",
-         "expertd-quarter", "stock-norepack-poll0", "expertd-norepack-poll0"]
+         "expertd-norepack-asked", "expertd-quarter", "stock-norepack-poll0", "expertd-norepack-poll0"]
 for name in order:
     reps = runs[name]
     base = runs[ref(name)]
@@ -168,4 +177,6 @@ for name in order:
     print(f"| {name} | {pp:.1f} | {tg:.2f} | {ratio[mid]:.2f}x{span} | {rss} | {priv} | {extra_s} | {per} | {ops.replace(',', ', ')} |")
 PY
 echo
-echo "expertd-full: daemon-side acquire stall p50 ${stall_full} us (all hits); expertd-quarter: hit rate, evictions, stall p50 = $quarter_stats"
+echo "full pool: expert accesses, client-side hits, daemon-side stall p50 (us) = $full_stats;" \
+     "expertd-norepack-asked: daemon-side stall p50 $asked_stall us;" \
+     "quarter pool: hit rate, evictions, client-side hits, stall p50 (us) = $quarter_stats"
