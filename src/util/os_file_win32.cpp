@@ -56,24 +56,31 @@ int ErrnoOf(DWORD code) {
   }
 }
 
-// One event per thread for overlapped calls: each call waits for its own completion.
-HANDLE ThreadEvent() {
-  struct Event {
-    HANDLE h = CreateEventW(nullptr, TRUE, FALSE, nullptr);
-    ~Event() {
-      if (h != nullptr) CloseHandle(h);
-    }
-  };
-  thread_local Event event;
-  return event.h;
-}
+// The event of one overlapped call: each call waits for its own completion. One per call, not a
+// thread_local one: with mingw-w64's emulated TLS a thread_local's destructor can run after its
+// storage was freed at thread exit (reader threads crashed there under wine), and an event costs
+// a microsecond beside a read.
+struct CallEvent {
+  HANDLE h = CreateEventW(nullptr, TRUE, FALSE, nullptr);
+  CallEvent() = default;
+  CallEvent(const CallEvent&) = delete;
+  CallEvent& operator=(const CallEvent&) = delete;
+  ~CallEvent() {
+    if (h != nullptr) CloseHandle(h);
+  }
+};
 
 // ReadFile/WriteFile at `offset` on an overlapped handle, waiting for the result.
 int64_t Transfer(HANDLE h, uint64_t offset, void* buf, uint64_t bytes, bool write, int* err) {
+  const CallEvent event;
+  if (event.h == nullptr) {
+    *err = ErrnoOf(GetLastError());
+    return -1;
+  }
   OVERLAPPED ov{};
   ov.Offset = static_cast<DWORD>(offset);
   ov.OffsetHigh = static_cast<DWORD>(offset >> 32);
-  ov.hEvent = ThreadEvent();
+  ov.hEvent = event.h;
   const DWORD want = static_cast<DWORD>(std::min<uint64_t>(bytes, 1u << 30));
   DWORD got = 0;
   const BOOL ok =
