@@ -121,6 +121,14 @@ void LaneServer::Loop() {
       end_.Sleep(absl::Seconds(2), stop_);
     }
   }
+  // Stopped (the session ends): client-side hits the client reported and the thread had not
+  // read yet still count, so the model's counters add up once a session is gone. Nothing else
+  // is handled any more (the session's end gives back its leases).
+  for (int i = 0; i < 4096 && !failed_.load(); ++i) {
+    bool got = false;
+    if (!end_.Next(&request, &got).ok() || !got) break;
+    if (request.type == lane::RecordType::kHits) handle_(request);
+  }
 }
 
 absl::Status LaneServer::FlushLocked() {

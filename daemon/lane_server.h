@@ -6,6 +6,9 @@
 // CPU. Each session has its own thread, so the scheduler shares the CPU fairly between sessions
 // however hard one floods its lane.
 //
+// Once stopped, the thread still reads what is left in the request ring for Hits records
+// (client-side hits), so that they count; it handles nothing else then.
+//
 // Everything in the segment is the client's to scribble on. A broken record or an impossible
 // index fails this session only: `fail` is called once with the reason, the lane is marked
 // failed for the client, and nothing more is read. Answers that find the response ring full wait
