@@ -481,7 +481,10 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(ServedModel* mode
   s->fence_handles_ = std::move(fence_handles);
   s->lane_ = std::move(lane);
   if (s->lane_ && !s->lane_->pins().empty()) {
-    model->engine().AddPins(s->PinOwner(), s->lane_->pins());
+    if (absl::Status pinned = model->engine().AddPins(s->PinOwner(), s->lane_->pins());
+        !pinned.ok()) {
+      return absl::Status(pinned.code(), absl::StrCat("client-side hits: ", pinned.message()));
+    }
   }
   sessions_.emplace(s->id(), s);
   return s;

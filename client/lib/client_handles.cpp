@@ -64,6 +64,26 @@ absl::StatusOr<std::shared_ptr<MappedArena>> ArenaCache::Map(const v1::ArenaHand
   return shared;
 }
 
+absl::Status AddSlotProjections(const SlotClassView& c, bool cuda, uint32_t slot, SlotView* v) {
+  const size_t n = cuda ? c.cuda_arenas.size() : c.arenas.size();
+  for (size_t p = 0; p < n; ++p) {
+    const uint64_t off = uint64_t{slot} * c.strides[p];
+    const uint64_t arena_bytes = cuda ? c.cuda_arenas[p]->bytes() : c.arenas[p]->data().size();
+    if (off + c.strides[p] > arena_bytes) {
+      v->projections.clear();
+      v->device_projections.clear();
+      return absl::InternalError(absl::StrCat("slot ", slot, " lies outside its arena"));
+    }
+    if (cuda) {
+      v->device_projections.push_back(static_cast<const uint8_t*>(c.cuda_arenas[p]->device_ptr()) +
+                                      off);
+    } else {
+      v->projections.push_back(c.arenas[p]->data().subspan(off, c.strides[p]));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<ClientLane>> MapLane(const v1::LaneHandle& h,
                                                     const PassedDescriptors& passed) {
   lane::LaneGeometry g;

@@ -1,7 +1,8 @@
 // The client library's view of what OpenSession sends (internal to client/lib): descriptors of
 // the daemon's shared objects turned into the device layer's export types, the process-wide
 // cache of mapped host arenas, a slot class as this process reaches it, and this process's end of
-// a session's request lane. client.cpp's SessionImpl is their only user.
+// a session's request lane. The session (session.cpp) and its client-side hits (local_hits.cpp)
+// are their users.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "client.h"
 #include "device/cuda_factory.h"
 #include "device/host/handle_passing.h"
 #include "device/host/host_device.h"
@@ -61,6 +63,10 @@ struct SlotClassView {
   std::vector<uint32_t> layers;  // the class's layers, in the table's order
   uint32_t n_expert = 0;
 };
+
+// Fills `v`'s projections (host mappings) or device_projections (CUDA views) for slot `slot` of
+// class `c`; an error when the slot lies outside an arena (nothing is left in `v` then).
+absl::Status AddSlotProjections(const SlotClassView& c, bool cuda, uint32_t slot, SlotView* v);
 
 // This process's end of a session's request lane (src/lane/lane.h). Writers take write_mu;
 // one thread at a time reads answers (read_mu), handing other threads' answers to them.

@@ -289,13 +289,22 @@ uint64_t Engine::PinWords() const {
   return words;
 }
 
-void Engine::AddPins(uint64_t owner, std::span<uint64_t> row) {
-  if (row.size() < PinWords() || PinWords() == 0) return;
+absl::Status Engine::AddPins(uint64_t owner, std::span<uint64_t> row) {
+  const uint64_t words = PinWords();
+  if (words == 0) {
+    return absl::FailedPreconditionError(
+        "this model publishes no residency tables (client-side hits need the host device)");
+  }
+  if (row.size() < words) {
+    return absl::InvalidArgumentError(absl::StrCat("a pin row of ", row.size(),
+                                                   " words; this model's slots need ", words));
+  }
   uint64_t base = 0;
   for (Impl::ClassState& c : impl_->classes) {
     c.board->AddPins(owner, row.data() + base);
     base += c.pool->capacity();
   }
+  return absl::OkStatus();
 }
 
 void Engine::RemovePins(uint64_t owner) {

@@ -142,8 +142,9 @@ class Engine {
   // Pin words per session: one per slot of every class, classes in order (PinWords() in all).
   uint64_t PinWords() const;
   // Registers a session's pin row (PinWords() words the session writes; valid until
-  // RemovePins with the same owner). Evictions skip what it pins from now on.
-  void AddPins(uint64_t owner, std::span<uint64_t> row);
+  // RemovePins with the same owner). Evictions skip what it pins from now on. An error, with
+  // nothing registered, when the engine publishes no residency or the row is too short.
+  absl::Status AddPins(uint64_t owner, std::span<uint64_t> row);
   void RemovePins(uint64_t owner);
   // A client's report of hits it made on its own: counted as accesses (recency, statistics)
   // and shown to the predictor, as an acquire of them would be. Unknown layers or experts

@@ -7,11 +7,13 @@ namespace expertd {
 ResidencyBoard::ResidencyBoard(uint8_t* table, uint32_t slots, std::vector<uint32_t> layers,
                                uint32_t n_expert)
     : table_(residency::Table::At(table, slots, static_cast<uint32_t>(layers.size()), n_expert)),
-      layers_(std::move(layers)) {}
+      index_of_(layers.empty() ? 0 : *std::max_element(layers.begin(), layers.end()) + 1,
+                table_.layers) {
+  for (uint32_t i = 0; i < layers.size(); ++i) index_of_[layers[i]] = i;
+}
 
 uint32_t ResidencyBoard::LayerIndex(uint32_t layer) const {
-  const auto it = std::find(layers_.begin(), layers_.end(), layer);
-  return static_cast<uint32_t>(it - layers_.begin());  // == size(): not in this class
+  return layer < index_of_.size() ? index_of_[layer] : table_.layers;  // layers: not here
 }
 
 void ResidencyBoard::Publish(SlotId slot, const BundleKey& key, uint64_t generation) {

@@ -133,7 +133,7 @@ class ResidencyBoard {
   uint32_t LayerIndex(uint32_t layer) const;
 
   residency::Table table_;
-  std::vector<uint32_t> layers_;
+  std::vector<uint32_t> index_of_;  // by block number: its index in the class's layer list
   mutable std::mutex mu_;
   std::vector<std::pair<uint64_t, uint64_t*>> rows_;  // guarded by mu_
   std::atomic<uint64_t> refusals_{0};  // evictions refused because a client pinned the victim

@@ -1,16 +1,21 @@
 // Client-side hits (engine/residency.h): the slot pool publishes resident slots, skips victims a
 // client pinned, and RecordHits counts reported hits; a concurrent test pins and reads slots
 // while another thread evicts and refills them, and checks that no pinned slot ever changes.
+// Through the engine on the host device: pin rows are checked when registered, a pinned bundle
+// keeps its bytes under eviction, and a row that was removed (its session ended, the client may
+// have died with its pins set) pins nothing.
 #include "engine/residency.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <random>
 #include <thread>
 
 #include "engine/slot_pool.h"
+#include "engine_test_fixture.h"
 
 namespace expertd {
 namespace {
@@ -174,6 +179,75 @@ TEST(Residency, PinnedSlotsNeverChangeUnderConcurrentEviction) {
               static_cast<unsigned long long>(pinned_reads.load()),
               static_cast<unsigned long long>(f.pool->stats().pinned_skips),
               static_cast<unsigned long long>(f.pool->stats().evictions));
+}
+
+class EngineResidencyTest : public testing::EngineFixture {};
+
+TEST_F(EngineResidencyTest, PinRowsAreCheckedAndAPinnedBundleOutlivesEvictionUntilItsRowGoes) {
+  Open("mixtral-tiny");
+  EngineOptions off = Options(2);
+  off.client_hits = false;
+  {
+    auto plain = MakeEngine(off);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    EXPECT_EQ((*plain)->PinWords(), 0u);
+    std::vector<uint64_t> row(64);
+    EXPECT_EQ((*plain)->AddPins(1, row).code(), absl::StatusCode::kFailedPrecondition)
+        << "an engine without residency tables must refuse a pin row";
+  }
+  auto made = MakeEngine(2);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Engine& engine = **made;
+  const uint64_t words = engine.PinWords();
+  ASSERT_GT(words, 0u);
+  std::vector<uint64_t> short_row(words - 1);
+  EXPECT_EQ(engine.AddPins(1, short_row).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<uint64_t> row(words, 0);
+  ASSERT_TRUE(engine.AddPins(2, row).ok());
+
+  const MoeLayer& layer = catalog_->layers()[0];
+  const uint32_t cls = layer.slot_class;
+  const std::vector<uint32_t>& class_layers = catalog_->slot_classes()[cls].layers;
+  const uint32_t index = static_cast<uint32_t>(
+      std::find(class_layers.begin(), class_layers.end(), layer.block) - class_layers.begin());
+  uint64_t base = 0;  // this class's part of the row
+  for (uint32_t c = 0; c < cls; ++c) base += engine.slots(c);
+  ASSERT_NE(engine.residency(cls), nullptr);
+  const residency::Table table = residency::Table::At(
+      const_cast<uint8_t*>(engine.residency(cls)->host_data()), engine.slots(cls),
+      static_cast<uint32_t>(class_layers.size()), layer.n_expert);
+  const auto load = [&](uint32_t expert) {
+    auto g = AcquireWithin(engine, layer.block, {expert});
+    ASSERT_TRUE(g.has_value() && g->ok());
+    Done(engine, **g);
+  };
+  const auto pin = [&](uint32_t expert) {
+    return residency::TryPin(table, row.data() + base, index, expert,
+                             residency::Key(layer.block, expert),
+                             [](SlotId, uint64_t) { return false; });
+  };
+
+  load(0);
+  const residency::Pinned p = pin(0);
+  ASSERT_NE(p.slot, kNoSlot) << "a resident bundle must be pinnable through the table";
+  // Two more bundles in a 2-slot pool: LRU's victim would be expert 0's slot, which is pinned.
+  load(1);
+  load(2);
+  load(3);
+  EXPECT_GE(engine.Stats().pool.pinned_skips, 1u);
+  Grant pinned;
+  pinned.layer = layer.block;
+  pinned.slots.push_back({0, cls, p.slot, p.generation, true});
+  EXPECT_TRUE(Verify(engine, pinned)) << "the pinned bundle's bytes changed under eviction";
+  EXPECT_EQ(table.tag(p.slot).load(), p.generation);
+
+  // The session ends with its pin still set (a client killed while reading): once its row is
+  // removed the bundle is evictable again.
+  engine.RemovePins(2);
+  load(4);
+  load(5);
+  EXPECT_NE(table.tag(p.slot).load(), p.generation) << "a removed row still pinned the slot";
+  EXPECT_EQ(pin(0).slot, kNoSlot);
 }
 
 }  // namespace
