@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The daemon as a real process with real client processes: health transitions, concurrent
-# verified acquires, a client killed with leases, every bad-request class, SIGTERM under load,
+# verified acquires, a client killed with leases, a client killed with client-side pins, every
+# bad-request class, SIGTERM under load,
 # a peer uid that is not allowed, and TCP authentication.
 #   daemon_sessions.sh EXPERTD SESSION_CLIENT RAW_RPC
 set -euo pipefail
@@ -118,6 +119,29 @@ done
 [ $reclaimed = yes ] || fail "leases of the killed client were not reclaimed"
 wait $other || { cat "$work/verify9.log"; fail "a client running beside the killed one failed"; }
 echo "reclaimed; the other client verified: $(tail -1 "$work/verify9.log")"
+
+echo "== kill -9 a client holding client-side pins: its bundles stay resident while it lives, not after"
+sessions_before=$("$client" leases "$addr" | awk '{print $2}')
+"$client" pin "$addr" > "$work/pin.log" 2>&1 &
+pinner=$!; pids+=($pinner)
+for _ in $(seq 1 100); do grep -q pinning "$work/pin.log" && break; sleep 0.1; done
+grep -q "pinning 4" "$work/pin.log" || { cat "$work/pin.log"; fail "the pinner did not pin"; }
+"$client" sweep "$addr" > "$work/sweep1.log" 2>&1 || { cat "$work/sweep1.log"; fail "sweep"; }
+grep -q "pinned bundles resident 4 of 4" "$work/sweep1.log" ||
+  { cat "$work/sweep1.log"; fail "pinned bundles were evicted while pinned"; }
+kill -9 $pinner
+gone=no
+for _ in $(seq 1 50); do
+  if [ "$("$client" leases "$addr" | awk '{print $2}')" = "$sessions_before" ]; then
+    gone=yes; break
+  fi
+  sleep 0.1
+done
+[ $gone = yes ] || fail "the killed pinner's session did not end"
+"$client" sweep "$addr" > "$work/sweep2.log" 2>&1 || { cat "$work/sweep2.log"; fail "sweep"; }
+grep -q "pinned bundles resident 0 of 4" "$work/sweep2.log" ||
+  { cat "$work/sweep2.log"; fail "a dead client's pins still kept bundles resident"; }
+echo "pinned: $(cat "$work/sweep1.log"); after the kill: $(cat "$work/sweep2.log")"
 
 echo "== bad requests get the right codes and change nothing"
 "$client" bad "$addr" || fail "bad-request checks"

@@ -7,6 +7,12 @@
 //   bad ADDR                        every bad-request class: codes and messages, state unchanged
 //   leases ADDR                     prints "sessions S leases L outstanding O" from GetStats
 //                                   (O: with ended sessions' leases still draining)
+//   pin ADDR                        client-side hits on experts 0 and 1 of the two middle MoE
+//                                   layers, held (no daemon lease), print "pinning 4", sleep
+//                                   (kill -9 me)
+//   sweep ADDR                      without client-side hits: acquire and release every bundle of
+//                                   the model in layer order, twice, then print how many of pin's
+//                                   4 bundles were still resident ("pinned bundles resident R of 4")
 // Every check prints what failed and exits 1.
 #include <unistd.h>
 
@@ -165,6 +171,76 @@ int Hold(const std::string& addr, int leases) {
   std::printf("holding %d\n", leases);
   std::fflush(stdout);
   for (;;) pause();
+}
+
+// The bundles "pin" holds: experts 0 and 1 of the two middle MoE layers. The demo's pool holds a
+// quarter of the model, and a sweep in layer order evicts the middle layers under every policy
+// (cycle keeps the layers it needs next, the first ones; lru and lfu the last ones).
+std::vector<uint32_t> PinnedLayers(const expertd::v1::ModelInfo& info) {
+  const int mid = info.moe_layers_size() / 2;
+  return {info.moe_layers(mid - 1), info.moe_layers(mid)};
+}
+constexpr uint32_t kPinnedExperts[] = {0, 1};
+
+int Pin(const std::string& addr) {
+  auto client = Connect(addr);
+  auto session = Open(*client, "pinner");
+  if (!session->client_hits()) Die("the session serves no client-side hits");
+  std::vector<Lease> held;
+  for (uint32_t layer : PinnedLayers(session->model())) {
+    // The first acquire loads the bundles (a daemon lease); the second finds them resident.
+    auto first = session->Acquire(layer, kPinnedExperts);
+    if (!first.ok()) Die(first.status().ToString());
+    Check(session->Release(*first).ok(), "release");
+    auto pinned = session->Acquire(layer, kPinnedExperts);
+    if (!pinned.ok()) Die(pinned.status().ToString());
+    held.push_back(*std::move(pinned));
+  }
+  // Served in this process: the daemon holds no lease of this session.
+  for (int tries = 0;; ++tries) {
+    auto stats = client->GetStats();
+    if (!stats.ok()) Die(stats.status().ToString());
+    int64_t leases = -1;
+    for (const auto& m : stats->models()) {
+      for (const auto& st : m.sessions()) {
+        if (st.client_name() == "pinner") leases = st.leases_held();
+      }
+    }
+    if (leases == 0) break;
+    // The release of the first acquires may still be in the lane.
+    if (tries == 50) Die(absl::StrCat("the daemon holds ", leases, " leases of the pinner"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::printf("pinning %zu\n", held.size() * std::size(kPinnedExperts));
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
+int Sweep(const std::string& addr) {
+  auto client = Connect(addr);
+  auto session = Open(*client, "sweep", /*client_hits=*/false);
+  const auto& info = session->model();
+  for (int round = 0; round < 2; ++round) {
+    for (uint32_t layer : info.moe_layers()) {
+      for (uint32_t e = 0; e < info.n_expert(); ++e) {
+        const uint32_t one[] = {e};
+        auto lease = session->Acquire(layer, one, absl::Seconds(30));
+        if (!lease.ok()) Die(absl::StrCat("sweep layer ", layer, ": ", lease.status().ToString()));
+        Check(session->Release(*lease).ok(), "release");
+      }
+    }
+  }
+  // The probe itself: a hit means the bundle stayed resident through both sweeps.
+  int resident = 0, probed = 0;
+  for (uint32_t layer : PinnedLayers(info)) {
+    auto lease = session->Acquire(layer, kPinnedExperts);
+    if (!lease.ok()) Die(lease.status().ToString());
+    for (const auto& slot : lease->slots) resident += slot.hit ? 1 : 0;
+    probed += static_cast<int>(lease->slots.size());
+    Check(session->Release(*lease).ok(), "release");
+  }
+  std::printf("pinned bundles resident %d of %d\n", resident, probed);
+  return 0;
 }
 
 int Load(const std::string& addr, const std::string& gguf) {
@@ -415,6 +491,8 @@ int main(int argc, char** argv) {
   if (mode == "load" && argc == 4) return Load(argv[2], argv[3]);
   if (mode == "bad" && argc == 3) return Bad(argv[2]);
   if (mode == "leases" && argc == 3) return Leases(argv[2]);
-  std::fprintf(stderr, "usage: session_client verify|hold|load|bad ADDR ...\n");
+  if (mode == "pin" && argc == 3) return Pin(argv[2]);
+  if (mode == "sweep" && argc == 3) return Sweep(argv[2]);
+  std::fprintf(stderr, "usage: session_client verify|hold|load|bad|leases|pin|sweep ADDR ...\n");
   return 2;
 }
