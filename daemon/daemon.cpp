@@ -127,6 +127,10 @@ absl::StatusOr<std::string> ReadToken(const std::string& path) {
 // Everything the daemon owns, declared in construction order; destroyed in reverse.
 struct Daemon {
   std::vector<std::unique_ptr<Device>> devices;  // the default first
+  // The residency tables of models on devices whose arenas are not host memory (CUDA), for
+  // client-side hits; nullptr when every device's arenas are host memory or lane.client_hits
+  // is off.
+  std::unique_ptr<Device> table_device;
   std::vector<std::unique_ptr<ServedModel>> models;
   std::unique_ptr<SessionRegistry> sessions;
   PeerTable peers;
@@ -187,6 +191,7 @@ struct Daemon {
     for (const auto& device : devices) device->Shutdown();
     models.clear();
     devices.clear();
+    table_device.reset();
   }
 };
 
@@ -421,7 +426,21 @@ int RunDaemon(DaemonConfig config, const DaemonFlags& flags, const Environment& 
     absl::SleepFor(flags.hold_before_serving);
   }
 
-  const EngineOptions engine_options = EngineOptionsFrom(config);
+  EngineOptions engine_options = EngineOptionsFrom(config);
+  const bool tables_elsewhere = std::any_of(
+      d.devices.begin(), d.devices.end(),
+      [](const auto& dev) { return !dev->caps().arenas_host_writable; });
+  if (config.lane.enabled && config.lane.client_hits && tables_elsewhere) {
+    // Residency tables are read by clients' CPUs: shared host memory, passed like the lanes.
+    HostDeviceOptions to;
+    to.copy_threads = 1;  // it never copies
+    to.backing = HostDeviceOptions::Backing::kMemfd;
+    to.shm_prefix = "expertd-tables";
+    absl::StatusOr<std::unique_ptr<Device>> tables = MakeHostDevice(to);
+    if (!tables.ok()) return fail(tables.status());
+    d.table_device = *std::move(tables);
+    engine_options.table_device = d.table_device.get();
+  }
   const PackSetOptions pack_options = PackOptionsFrom(config);
   for (const ModelSpec& spec : specs) {
     for (const auto& device : d.devices) {

@@ -447,7 +447,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(ServedModel* mode
       }
     } else {
       // Client-side hits: the lane carries the session's pin words when the engine publishes
-      // residency (host device, lane.client_hits).
+      // residency tables (lane.client_hits).
       LaneOptions options = *lanes_;
       options.geometry.pin_words = options.client_hits ? model->engine().PinWords() : 0;
       absl::StatusOr<std::shared_ptr<LaneServer>> made =

@@ -137,7 +137,7 @@ class ClientImpl final : public Client {
         }
         c.strides.push_back(a.slot_stride());
       }
-      if (!cuda && h.has_residency() &&
+      if (h.has_residency() &&
           static_cast<int>(classes.size()) < resp.model().slot_classes_size()) {
         absl::StatusOr<std::shared_ptr<MappedArena>> m = ArenaCache::Get().Map(h.residency(), passed);
         if (!m.ok()) return m.status();

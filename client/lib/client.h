@@ -20,10 +20,10 @@
 //
 // Requests travel through the session's shared-memory request lane when the daemon offers one
 // (SessionOptions::transport; docs/protocol.md, "The request lane"): a caller watches for its
-// answer for 50 µs, then sleeps on the lane's futex. Over the stream otherwise. On host-device
-// models an acquire of resident experts needs no request at all (client-side hits,
-// SessionOptions::client_hits): it pins them through the daemon's residency table, and its
-// Release unpins them; such a lease never expires (its id has the top bit set).
+// answer for 50 µs, then sleeps on the lane's futex. Over the stream otherwise. An acquire of
+// resident experts needs no request at all (client-side hits, SessionOptions::client_hits): it
+// pins them through the daemon's residency table, and its Release unpins them (CUDA: once the
+// work RecordDone followed has finished); such a lease never expires (its id has the top bit set).
 //
 // Threading: Client and Session are thread-safe; several threads may acquire on one session.
 // Errors are absl::Status with the daemon's gRPC code (docs/protocol.md lists them).
@@ -62,9 +62,9 @@ struct SessionOptions {
   // stream always. kLane: the lane, or OpenSession fails.
   enum class Transport { kAuto, kStream, kLane };
   Transport transport = Transport::kAuto;
-  // Client-side hits (docs/protocol.md): where the daemon offers them (host-device models over
-  // the lane), an Acquire whose experts are all resident pins them in this process and returns
-  // without a request; only acquires that miss go to the daemon. false: every acquire asks.
+  // Client-side hits (docs/protocol.md): where the daemon offers them (sessions over the lane),
+  // an Acquire whose experts are all resident pins them in this process and returns without a
+  // request; only acquires that miss go to the daemon. false: every acquire asks.
   bool client_hits = true;
   // Acquire retries while the daemon answers UNAVAILABLE (every slot leased right now), with
   // backoff, up to the acquire's timeout.
@@ -168,7 +168,8 @@ class Session {
   // Errors answered for requests nobody waits on (releases), and leases the daemon reclaimed.
   virtual std::vector<v1::RequestError> TakeAsyncErrors() = 0;
   virtual std::vector<uint64_t> TakeExpiredLeases() = 0;
-  // Ends the stream now (the destructor does it too).
+  // Ends the stream now (the destructor does it too). CUDA: first waits, up to 30 s, for the
+  // work recorded after released client-side hits (the daemon drops their pins with the session).
   virtual void Close() = 0;
 };
 

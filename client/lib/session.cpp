@@ -21,6 +21,8 @@ namespace {
 // How long a caller watches the lane for its answer (yielding the core meanwhile) before it
 // sleeps on the lane's doorbell: a hit is answered within microseconds, a miss takes a read.
 constexpr absl::Duration kLaneSpin = absl::Microseconds(50);
+// How long Close waits for the GPU work that reads client-side hits of released leases.
+constexpr absl::Duration kDrainPins = absl::Seconds(30);
 
 class SessionImpl final : public Session {
  public:
@@ -31,7 +33,7 @@ class SessionImpl final : public Session {
         classes_(std::move(classes)), cuda_(info_.device_kind() == "cuda"),
         cuda_device_(cuda_ ? cuda_device : -1), lane_(std::move(lane)) {
     if (client_hits && lane_ != nullptr) {
-      hits_ = LocalHits::Make(info_, classes_, lane_->end.pins());
+      hits_ = LocalHits::Make(info_, classes_, lane_->end.pins(), cuda_device_);
     }
   }
 
@@ -130,7 +132,13 @@ class SessionImpl final : public Session {
 
   absl::Status WaitReady(const Lease& lease, void* cuda_stream) override {
     if (!cuda_) return absl::OkStatus();
-    for (const SlotView& s : lease.slots) {
+    // A client-side hit's bytes landed before its slot was published: nothing to wait for, but
+    // the stream must be one of the session's GPU, as for any lease.
+    if (LocalHits::IsLocal(lease.id)) {
+      if (absl::Status st = CheckCudaStreamIfBuilt(cuda_stream, cuda_device_); !st.ok()) return st;
+    }
+    for (const SlotView& s : LocalHits::IsLocal(lease.id) ? std::span<const SlotView>()
+                                                          : std::span(lease.slots)) {
       absl::Status st =
           classes_.at(s.slot_class).events->WaitReady(s.slot, s.generation, cuda_stream);
       if (!st.ok()) return st;
@@ -142,7 +150,8 @@ class SessionImpl final : public Session {
 
   absl::Status WaitReadyOnHost(const Lease& lease) override {
     if (!cuda_) return absl::OkStatus();
-    for (const SlotView& s : lease.slots) {
+    for (const SlotView& s : LocalHits::IsLocal(lease.id) ? std::span<const SlotView>()
+                                                          : std::span(lease.slots)) {
       absl::Status st = classes_.at(s.slot_class).events->WaitReadyOnHost(s.slot, s.generation);
       if (!st.ok()) return st;
     }
@@ -183,10 +192,16 @@ class SessionImpl final : public Session {
             "lease ", lease.id, ": RecordDone before WaitReady (the kernels cannot have read it)"));
       }
     }
-    for (const SlotView& s : lease.slots) {
-      absl::Status st =
-          classes_.at(s.slot_class).events->RecordDone(s.slot, s.generation, cuda_stream);
-      if (!st.ok()) return st;
+    if (LocalHits::IsLocal(lease.id)) {
+      // Its pins hold the slots until the kernels queued so far on the stream finished.
+      if (hits_ == nullptr) return absl::InvalidArgumentError("no lease of this session");
+      if (absl::Status st = hits_->RecordDone(lease, cuda_stream); !st.ok()) return st;
+    } else {
+      for (const SlotView& s : lease.slots) {
+        absl::Status st =
+            classes_.at(s.slot_class).events->RecordDone(s.slot, s.generation, cuda_stream);
+        if (!st.ok()) return st;
+      }
     }
     std::lock_guard<std::mutex> lock(mu_);
     recorded_.insert(lease.id);
@@ -201,24 +216,27 @@ class SessionImpl final : public Session {
   }
 
   absl::Status Give(const Lease& lease, bool wake) {
-    if (LocalHits::IsLocal(lease.id)) {
-      if (hits_ == nullptr) return absl::InvalidArgumentError("no lease of this session");
-      return hits_->Release(lease);
-    }
+    const bool local = LocalHits::IsLocal(lease.id);
+    if (local && hits_ == nullptr) return absl::InvalidArgumentError("no lease of this session");
     if (cuda_) {
-      // Recorded: the daemon's next copies wait for the record. Never waited for: no stream of
-      // this library was ordered after its copies, so nothing read it through us (a give-back,
-      // e.g. after a failed acquire). Waited but not recorded: kernels may be reading it.
+      // Recorded: the daemon's next copies wait for the record (a client-side hit: its pins
+      // stay until the record's work finished). Never waited for: no stream of this library was
+      // ordered after its copies, so nothing read it through us (a give-back, e.g. after a
+      // failed acquire). Waited but not recorded: kernels may be reading it.
       std::lock_guard<std::mutex> lock(mu_);
       if (!recorded_.contains(lease.id) && waited_.contains(lease.id)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("lease ", lease.id, ": call RecordDone on the stream that read it before "
-                         "Release (the daemon's next copy into its slots waits on that record)"));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "lease ", lease.id, ": call RecordDone on the stream that read it before Release (",
+            local ? "its slots stay pinned until that record's work finished"
+                  : "the daemon's next copy into its slots waits on that record",
+            ")"));
       }
       recorded_.erase(lease.id);
       waited_.erase(lease.id);
-    } else if (absl::Status st = SignalHostDone(lease); !st.ok()) {
-      return st;
+    }
+    if (local) return hits_->Release(lease);
+    if (!cuda_) {
+      if (absl::Status st = SignalHostDone(lease); !st.ok()) return st;
     }
     return SendRelease(NextSeq(), lease.id, wake);
   }
@@ -266,6 +284,9 @@ class SessionImpl final : public Session {
   }
 
   void Close() override {
+    // The daemon drops this session's pins when it ends: kernels still reading client-side
+    // hits must finish first.
+    if (hits_) hits_->Drain(kDrainPins);
     {
       std::lock_guard<std::mutex> lock(write_mu_);
       if (!stream_ || writes_done_) return;

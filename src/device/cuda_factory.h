@@ -112,6 +112,22 @@ class CudaSessionEvents {
   virtual absl::Status RecordDone(SlotId slot, uint64_t generation, void* cuda_stream) = 0;
 };
 
+// A private event of this process (not IPC, no timing) that says when the work a stream had
+// queued before its record has finished. The client library holds a client-side hit's pins until
+// the kernels that read it are done (docs/protocol.md, "Client-side hits"). Created, recorded
+// and destroyed on `device_ordinal`; the calling thread's current context is left as it was.
+// Not thread-safe: one owner at a time.
+class CudaStreamMark {
+ public:
+  virtual ~CudaStreamMark() = default;
+  // After what `cuda_stream` queued so far. FailedPrecondition for a stream of another GPU;
+  // CUDA errors as statuses.
+  virtual absl::Status Record(void* cuda_stream) = 0;
+  // Whether the work before the latest record finished (true when never recorded). A CUDA
+  // error (a failed kernel, the context's sticky error) is an error: the work never finishes.
+  virtual absl::StatusOr<bool> Done() = 0;
+};
+
 // This process's ordinal of the GPU whose UUID is `uuid` (Device::hardware_id(), sent with every
 // session: the daemon and a client may see different CUDA_VISIBLE_DEVICES, and the daemon's
 // ordinal may name another GPU here). `requested` >= 0 is the caller's choice and must be that
@@ -127,5 +143,11 @@ absl::StatusOr<std::shared_ptr<const CudaArenaView>> OpenCudaArenaIfBuilt(
     const ArenaExport& descriptor, int device_ordinal);
 absl::StatusOr<std::shared_ptr<CudaSessionEvents>> OpenCudaEventsIfBuilt(
     const FenceExport& descriptor, int device_ordinal);
+
+// OK when `cuda_stream` belongs to `device_ordinal`; FailedPrecondition naming both GPUs when
+// not; CUDA errors as statuses. Unimplemented when the backend is not built.
+absl::Status CheckCudaStreamIfBuilt(void* cuda_stream, int device_ordinal);
+// A CudaStreamMark on `device_ordinal`. Unimplemented when the backend is not built.
+absl::StatusOr<std::unique_ptr<CudaStreamMark>> MakeCudaStreamMarkIfBuilt(int device_ordinal);
 
 }  // namespace expertd

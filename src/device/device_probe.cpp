@@ -65,6 +65,12 @@ absl::StatusOr<std::shared_ptr<CudaSessionEvents>> OpenCudaEventsIfBuilt(
 absl::StatusOr<int> ResolveCudaDeviceIfBuilt(std::string_view uuid, int requested) {
   return cuda::ResolveDevice(uuid, requested);
 }
+absl::StatusOr<std::unique_ptr<CudaStreamMark>> MakeCudaStreamMarkIfBuilt(int device_ordinal) {
+  return cuda::MakeStreamMark(device_ordinal);
+}
+absl::Status CheckCudaStreamIfBuilt(void* cuda_stream, int device_ordinal) {
+  return cuda::CheckStream(cuda_stream, device_ordinal);
+}
 
 #else
 
@@ -90,6 +96,10 @@ absl::StatusOr<std::shared_ptr<CudaSessionEvents>> OpenCudaEventsIfBuilt(const F
   return NotBuilt();
 }
 absl::StatusOr<int> ResolveCudaDeviceIfBuilt(std::string_view, int) { return NotBuilt(); }
+absl::StatusOr<std::unique_ptr<CudaStreamMark>> MakeCudaStreamMarkIfBuilt(int) {
+  return NotBuilt();
+}
+absl::Status CheckCudaStreamIfBuilt(void*, int) { return NotBuilt(); }
 
 #endif
 

@@ -55,10 +55,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelCatalog& catal
       c.arenas.push_back(std::move(arena));
     }
     ASSIGN_OR_RETURN(c.fences, device.CreateFences(static_cast<uint32_t>(slots)));
-    if (options.client_hits && device.caps().arenas_host_writable) {
+    Device* tables = device.caps().arenas_host_writable ? &device : options.table_device;
+    if (options.client_hits && tables != nullptr && tables->caps().arenas_host_writable) {
       const uint32_t n_expert = c.layout->n_expert;
       ASSIGN_OR_RETURN(c.residency,
-                       device.AllocateArena(residency::TableBytes(static_cast<uint32_t>(slots),
+                       tables->AllocateArena(residency::TableBytes(static_cast<uint32_t>(slots),
                                                                   static_cast<uint32_t>(
                                                                       sc.layers.size()),
                                                                   n_expert),
@@ -293,7 +294,8 @@ absl::Status Engine::AddPins(uint64_t owner, std::span<uint64_t> row) {
   const uint64_t words = PinWords();
   if (words == 0) {
     return absl::FailedPreconditionError(
-        "this model publishes no residency tables (client-side hits need the host device)");
+        "this model publishes no residency tables (client_hits is off, or its device keeps its "
+        "arenas off the host and no host device holds the tables)");
   }
   if (row.size() < words) {
     return absl::InvalidArgumentError(absl::StrCat("a pin row of ", row.size(),

@@ -71,9 +71,12 @@ struct EngineOptions {
   // Cancel superseded prefetches (see above). The rule assumes the prefetches of a layer serve
   // the next visit of that layer by any session; turn it off when sessions sweep far apart.
   bool cancel_superseded_prefetches = true;
-  // Client-side hits (engine/residency.h): on devices whose arenas are host memory, publish a
-  // residency table per slot class that clients pin resident bundles through, without asking.
+  // Client-side hits (engine/residency.h): publish a residency table per slot class that
+  // clients pin resident bundles through, without asking. The tables are host shared memory:
+  // arenas of the device when its arenas are host memory, else of `table_device` (a host
+  // device, which must outlive the engine); with neither, no tables.
   bool client_hits = true;
+  Device* table_device = nullptr;
 };
 
 // One granted bundle: where its projections are. Projection p of the bundle is at
@@ -137,7 +140,8 @@ class Engine {
   void Prefetch(uint32_t layer, std::span<const uint32_t> experts);
 
   // Client-side hits. The residency table of a slot class (nullptr when the engine publishes
-  // none: EngineOptions::client_hits off, or a device whose arenas are not host memory).
+  // none: EngineOptions::client_hits off, or a device whose arenas are not host memory and no
+  // EngineOptions::table_device).
   const Arena* residency(uint32_t slot_class) const;
   // Pin words per session: one per slot of every class, classes in order (PinWords() in all).
   uint64_t PinWords() const;

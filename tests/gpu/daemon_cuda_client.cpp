@@ -6,8 +6,10 @@
 //       exit 0 when a CUDA GPU and the backend are here, 77 (skip) with the reason otherwise
 //   daemon_cuda_client wait ADDR SECONDS
 //       waits until the daemon's health is SERVING
-//   daemon_cuda_client run ADDR GGUF ITERATIONS SEED DELAY_NS [host-wait]
-//       acquires random top-k experts of random layers and, on one stream: WaitReady (with
+//   daemon_cuda_client run ADDR GGUF ITERATIONS SEED DELAY_NS [host-wait] [repeat]
+//       acquires random top-k experts of random layers (with repeat, every other acquire asks
+//       for the previous one's experts again: a hit, served in this process where the session
+//       has client-side hits) and, on one stream: WaitReady (with
 //       host-wait: WaitReadyOnHost, the CPU waits and the stream does not), a checksum
 //       kernel per projection (which first sleeps DELAY_NS on the GPU, to widen the window in
 //       which an unsafe overwrite would show), a device-to-host copy of the slot, RecordDone,
@@ -26,6 +28,7 @@
 //       opens a session from a thread that never chose a device, reads one grant on a stream of
 //       the GPU the session resolved, checks that a stream of another GPU is refused, and
 //       prints RESULT contexts=MASK peer=N wrong=N (simulator counters; "n/a" on a GPU)
+//       RESULT counts the leases served in this process (local=N; client_hits=yes|no).
 // Prints RESULT lines; any mismatch or error prints FAIL and exits 1.
 #include <cuda_runtime_api.h>
 
@@ -151,7 +154,7 @@ struct Flight {
 };
 
 int Run(const std::string& addr, const std::string& gguf, int iterations, uint64_t seed,
-        uint64_t delay_ns, bool host_wait) {
+        uint64_t delay_ns, bool host_wait, bool repeat) {
   auto client = Connect(addr);
   auto session = Open(*client);
   Oracle oracle(gguf);
@@ -177,7 +180,9 @@ int Run(const std::string& addr, const std::string& gguf, int iterations, uint64
     CudaOk(cudaEventCreateWithFlags(&f.finished, cudaEventDisableTiming), "cudaEventCreate");
   }
   std::mt19937_64 rng(seed);
-  uint64_t checked = 0, mismatches = 0, bytes = 0, misses = 0, slots = 0;
+  uint64_t checked = 0, mismatches = 0, bytes = 0, misses = 0, slots = 0, local = 0;
+  uint32_t last_layer = 0;
+  std::vector<uint32_t> last;
 
   const auto settle = [&](Flight& f) {
     CudaOk(cudaEventSynchronize(f.finished), "cudaEventSynchronize");
@@ -210,10 +215,15 @@ int Run(const std::string& addr, const std::string& gguf, int iterations, uint64
   for (int it = 0; it < iterations; ++it) {
     Flight& f = flights[it % kInFlight];
     if (f.busy) settle(f);
-    const uint32_t layer = model.moe_layers(static_cast<int>(rng() % model.moe_layers_size()));
-    const std::vector<uint32_t> experts = PickExperts(rng, model.n_expert(), k);
+    const bool again = repeat && it % 2 == 1;
+    const uint32_t layer =
+        again ? last_layer : model.moe_layers(static_cast<int>(rng() % model.moe_layers_size()));
+    const std::vector<uint32_t> experts = again ? last : PickExperts(rng, model.n_expert(), k);
+    last_layer = layer;
+    last = experts;
     auto lease = session->Acquire(layer, experts);
     if (!lease.ok()) Die(absl::StrCat("acquire: ", lease.status().ToString()));
+    local += lease->id >> 63;  // the client library's mark of a lease served in this process
     const absl::Status waited =
         host_wait ? session->WaitReadyOnHost(*lease) : session->WaitReady(*lease, stream);
     if (!waited.ok()) Die(waited.ToString());
@@ -254,11 +264,12 @@ int Run(const std::string& addr, const std::string& gguf, int iterations, uint64
     Die(absl::StrCat("the daemon refused request ", e.seq(), ": ", e.message()));
   }
   std::printf("RESULT daemon-pair pid=%d wait=%s iterations=%d slots=%llu misses=%llu checked=%llu "
-              "mismatches=%llu bytes=%llu seconds=%.2f delay_ns=%llu\n",
+              "mismatches=%llu bytes=%llu seconds=%.2f delay_ns=%llu local=%llu client_hits=%s\n",
               getpid(), host_wait ? "host" : "stream", iterations, static_cast<unsigned long long>(slots),
               static_cast<unsigned long long>(misses), static_cast<unsigned long long>(checked),
               static_cast<unsigned long long>(mismatches), static_cast<unsigned long long>(bytes),
-              secs, static_cast<unsigned long long>(delay_ns));
+              secs, static_cast<unsigned long long>(delay_ns),
+              static_cast<unsigned long long>(local), session->client_hits() ? "yes" : "no");
   session->Close();
   return mismatches == 0 && checked > 0 ? 0 : 1;
 }
@@ -445,9 +456,19 @@ int main(int argc, char** argv) {
     }
     Die("the daemon never reported SERVING");
   }
-  if ((a.size() == 6 || (a.size() == 7 && a[6] == "host-wait")) && a[0] == "run") {
+  if (a.size() >= 6 && a.size() <= 8 && a[0] == "run") {
+    bool host_wait = false, repeat = false;
+    for (size_t i = 6; i < a.size(); ++i) {
+      if (a[i] == "host-wait") {
+        host_wait = true;
+      } else if (a[i] == "repeat") {
+        repeat = true;
+      } else {
+        Die(absl::StrCat("run: unknown flag ", a[i]));
+      }
+    }
     return Run(a[1], a[2], std::atoi(a[3].c_str()), std::strtoull(a[4].c_str(), nullptr, 10),
-               std::strtoull(a[5].c_str(), nullptr, 10), a.size() == 7);
+               std::strtoull(a[5].c_str(), nullptr, 10), host_wait, repeat);
   }
   if (a.size() == 3 && a[0] == "stuck" && (a[2] == "pending" || a[2] == "destroyed")) {
     return Stuck(a[1], a[2]);

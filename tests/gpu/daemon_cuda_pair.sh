@@ -3,7 +3,8 @@
 # two client processes (daemon_cuda_client) whose CUDA kernels read granted slots in place
 # through IPC and check them against the model file, releasing leases while their kernels still
 # run (on the staging path the second waits for the copies on the CPU, WaitReadyOnHost, as
-# llama.cpp's change does); then acquire-to-ready latency for a miss and a hit. Twice: with packs read into pinned
+# llama.cpp's change does; every other acquire repeats the previous one, a client-side hit whose
+# pins must outlast its kernels); then acquire-to-ready latency for a miss and a hit. Twice: with packs read into pinned
 # staging (readers.method = pread), and with the direct path (mmap packs registered with
 # cudaHostRegister — read-only, or through a private writable mapping where the GPU cannot
 # register read-only memory — and copied from the registration). Exit 77 (skip) without a GPU.
@@ -58,13 +59,23 @@ evictions() {
 
 echo "== staging path: two client processes, kernels reading slots in place, released while running"
 start pread
-"$client" run "$addr" "$gguf" "$iterations" 1 $delay > "$work/a.log" 2>&1 & a=$!
-"$client" run "$addr" "$gguf" "$iterations" 2 $delay host-wait > "$work/b.log" 2>&1 & b=$!
+# Every other acquire repeats the previous one: a hit served in the client's own process
+# (client-side hits), released while its kernels run; its pins must hold the slots until they end.
+"$client" run "$addr" "$gguf" "$iterations" 1 $delay repeat > "$work/a.log" 2>&1 & a=$!
+"$client" run "$addr" "$gguf" "$iterations" 2 $delay host-wait repeat > "$work/b.log" 2>&1 & b=$!
 rc=0
 wait $a || rc=1
 wait $b || rc=1
 cat "$work/a.log" "$work/b.log"
 [ $rc = 0 ] || fail "a client saw wrong bytes or an error"
+for log in a b; do
+  n=$(grep -o 'local=[0-9]*' "$work/$log.log" | sed 's/local=//')
+  grep -q 'client_hits=yes' "$work/$log.log" || fail "client $log: the session has no client-side hits"
+  [ "${n:-0}" -gt 0 ] || fail "client $log: no lease was served in its process"
+done
+hits=$("$ctl" stats --addr "$addr" --json | grep -o '"client_hits": *[0-9]*' | head -1 | sed 's/.*: *//')
+echo "client-side hits the daemon counted: ${hits:-0}"
+[ "${hits:-0}" -gt 0 ] || fail "the daemon counted no client-side hits"
 ev=$(evictions)
 echo "evictions so far: $ev"
 [ "${ev:-0}" -gt 100 ] || fail "only ${ev:-0} evictions: the cache did not turn over"

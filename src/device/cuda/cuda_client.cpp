@@ -247,6 +247,38 @@ class OpenedEvents final : public CudaSessionEvents {
   ClientGenerations gens_;
 };
 
+class StreamMark final : public CudaStreamMark {
+ public:
+  StreamMark(cudaEvent_t event, int ordinal) : event_(event), ordinal_(ordinal) {}
+  ~StreamMark() override {
+    (void)WithDevice(ordinal_, [this] { return EXPERTD_CUDA_STATUS(cudaEventDestroy(event_)); });
+  }
+  StreamMark(const StreamMark&) = delete;
+  StreamMark& operator=(const StreamMark&) = delete;
+
+  absl::Status Record(void* cuda_stream) override {
+    return WithDevice(ordinal_, [&] {
+      RETURN_IF_ERROR(CheckStreamDevice(cuda_stream, ordinal_));
+      return EXPERTD_CUDA_STATUS(cudaEventRecord(event_, static_cast<cudaStream_t>(cuda_stream)));
+    });
+  }
+
+  absl::StatusOr<bool> Done() override {
+    bool done = false;
+    RETURN_IF_ERROR(WithDevice(ordinal_, [&] {
+      const cudaError_t q = cudaEventQuery(event_);
+      if (q == cudaErrorNotReady) return absl::OkStatus();
+      done = true;
+      return EXPERTD_CUDA_STATUS(q);
+    }));
+    return done;
+  }
+
+ private:
+  cudaEvent_t event_;
+  int ordinal_;
+};
+
 // Never destroyed: a cache that outlived static destruction order would be worse than a leak of
 // two maps at exit (the CUDA resources themselves are owned by the shared objects).
 OpenCache<const CudaArenaView>& ArenaCache() {
@@ -276,6 +308,18 @@ absl::StatusOr<SharedEvent> OpenEvent(const IpcHandleBytes& bytes, int ordinal) 
 }
 
 }  // namespace
+
+absl::Status CheckStream(void* cuda_stream, int device_ordinal) {
+  return WithDevice(device_ordinal, [&] { return CheckStreamDevice(cuda_stream, device_ordinal); });
+}
+
+absl::StatusOr<std::unique_ptr<CudaStreamMark>> MakeStreamMark(int device_ordinal) {
+  cudaEvent_t event = nullptr;
+  RETURN_IF_ERROR(WithDevice(device_ordinal, [&] {
+    return EXPERTD_CUDA_STATUS(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  }));
+  return std::make_unique<StreamMark>(event, device_ordinal);
+}
 
 absl::StatusOr<std::string> DeviceUuid(int ordinal) {
   cudaDeviceProp props{};

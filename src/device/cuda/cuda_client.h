@@ -30,4 +30,8 @@ absl::StatusOr<std::shared_ptr<const CudaArenaView>> OpenArena(const ArenaExport
 absl::StatusOr<std::shared_ptr<CudaSessionEvents>> OpenEvents(const FenceExport& descriptor,
                                                               int device_ordinal);
 
+// See CheckCudaStreamIfBuilt and MakeCudaStreamMarkIfBuilt (cuda_factory.h).
+absl::Status CheckStream(void* cuda_stream, int device_ordinal);
+absl::StatusOr<std::unique_ptr<CudaStreamMark>> MakeStreamMark(int device_ordinal);
+
 }  // namespace expertd::cuda
