@@ -598,7 +598,9 @@ void SessionRegistry::End(const std::shared_ptr<Session>& session) {
   if (session->lane_) {
     session->lane_->Stop();
     session->lane_->Join();
-    session->DropPins();  // its client's reads ended with it (host device)
+    // Its client's reads ended with it: a process that closed its session waited for its
+    // kernels first (CUDA); one that died took its CUDA context with it.
+    session->DropPins();
   }
   std::vector<Grant> now;
   std::vector<std::shared_ptr<Session>> gone;
