@@ -304,7 +304,9 @@ EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionWaitReadyOnHost(EXPERTD_Session* se
 
 /* CUDA sessions: after the kernels that read the lease's slots were queued on `cuda_stream`,
  * records this session's done event of each slot on it; then release the lease. The daemon's
- * next copy into those slots waits on these records on the GPU. FAILED_PRECONDITION when
+ * next copy into those slots waits on these records on the GPU. A lease served in this process
+ * (a client-side hit, docs/protocol.md) records a private event instead, and its slots stay
+ * pinned after the release until that event completed. FAILED_PRECONDITION when
  * EXPERTD_SessionWaitReady was not called for the lease. Host sessions: signals done now (the
  * reads must have returned). Since API 1.1. */
 EXPERTD_EXPORT EXPERTD_Error* EXPERTD_SessionRecordDone(EXPERTD_Session* session,
