@@ -165,7 +165,7 @@ struct LaneConfig {
   bool enabled = true;  // false: every session uses its gRPC stream for everything
   // How long a session's lane thread keeps looking for the next request before it sleeps.
   uint32_t spin_us = 50;                    // 0..10000
-  // Client-side hits: lane sessions of host-device models pin resident experts themselves.
+  // Client-side hits: lane sessions pin resident experts themselves (host and CUDA models).
   bool client_hits = true;
   uint64_t request_ring_bytes = 64 << 10;   // multiples of 4 KiB, 64 KiB..16 MiB
   uint64_t response_ring_bytes = 256 << 10;
