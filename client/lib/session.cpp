@@ -136,12 +136,12 @@ class SessionImpl final : public Session {
     // the stream must be one of the session's GPU, as for any lease.
     if (LocalHits::IsLocal(lease.id)) {
       if (absl::Status st = CheckCudaStreamIfBuilt(cuda_stream, cuda_device_); !st.ok()) return st;
-    }
-    for (const SlotView& s : LocalHits::IsLocal(lease.id) ? std::span<const SlotView>()
-                                                          : std::span(lease.slots)) {
-      absl::Status st =
-          classes_.at(s.slot_class).events->WaitReady(s.slot, s.generation, cuda_stream);
-      if (!st.ok()) return st;
+    } else {
+      for (const SlotView& s : lease.slots) {
+        absl::Status st =
+            classes_.at(s.slot_class).events->WaitReady(s.slot, s.generation, cuda_stream);
+        if (!st.ok()) return st;
+      }
     }
     std::lock_guard<std::mutex> lock(mu_);
     waited_.insert(lease.id);
@@ -150,10 +150,12 @@ class SessionImpl final : public Session {
 
   absl::Status WaitReadyOnHost(const Lease& lease) override {
     if (!cuda_) return absl::OkStatus();
-    for (const SlotView& s : LocalHits::IsLocal(lease.id) ? std::span<const SlotView>()
-                                                          : std::span(lease.slots)) {
-      absl::Status st = classes_.at(s.slot_class).events->WaitReadyOnHost(s.slot, s.generation);
-      if (!st.ok()) return st;
+    // A client-side hit's bytes landed before its slot was published: nothing to wait for.
+    if (!LocalHits::IsLocal(lease.id)) {
+      for (const SlotView& s : lease.slots) {
+        absl::Status st = classes_.at(s.slot_class).events->WaitReadyOnHost(s.slot, s.generation);
+        if (!st.ok()) return st;
+      }
     }
     std::lock_guard<std::mutex> lock(mu_);
     waited_.insert(lease.id);
